@@ -1,0 +1,3 @@
+"""specedge: exact speculative decoding on one local machine."""
+
+__version__ = "0.1.0"

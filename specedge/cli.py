@@ -1,0 +1,169 @@
+"""Command line: parse, call the library, print. Errors are one line on stderr and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from specedge.errors import OptionError, SpecedgeError
+
+EXIT_USAGE, EXIT_FAILURE = 2, 1
+
+
+@click.group()
+@click.version_option(package_name="specedge")
+def cli():
+    """specedge: exact speculative decoding on one local machine."""
+
+
+@cli.command()
+@click.option("--target", required=True, help="Target model: Hugging Face folder, hub id, or .gguf file.")
+@click.option("--draft", required=True, help="Draft model (same vocabulary), or 'none' for a target-only bundle.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Bundle folder to write.")
+@click.option("--max-seq-len", default=2048, show_default=True, type=int, help="KV buffer length (prompt + output).")
+@click.option("--max-draft", default=8, show_default=True, type=int, help="Largest k the runtime may use.")
+@click.option("--tolerance", type=float, default=None, help="Max logit error allowed in the export check.")
+@click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
+def export(target, draft, out, max_seq_len, max_draft, tolerance, force):
+    """Export a target and a draft model into a bundle."""
+    try:
+        from specedge.export import export_bundle
+    except ImportError as err:
+        raise SpecedgeError(f"the exporter needs the 'export' extra (missing {err.name}): "
+                            "pip install 'specedge[export]'") from err
+    draft = None if draft.lower() == "none" else draft
+    export_bundle(target, draft, out, max_seq_len=max_seq_len, max_draft=max_draft, tolerance=tolerance,
+                  force=force, progress=lambda line: click.echo(line, err=True))
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path())
+@click.option("--prompt", required=True, help="Prompt text ('-' reads it from stdin).")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the bundle's chat template.")
+@click.option("--max-new-tokens", default=128, show_default=True, type=int)
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="0 = greedy.")
+@click.option("--top-k", default=0, show_default=True, type=int, help="0 = off.")
+@click.option("--top-p", default=1.0, show_default=True, type=float, help="1 = off.")
+@click.option("--seed", default=None, type=int, help="Makes a sampled run reproducible.")
+@click.option("--k", "k", default=4, show_default=True, type=int, help="Draft tokens per verify call.")
+@click.option("--no-draft", is_flag=True, help="Target alone (the baseline).")
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--threads", default=None, type=int, help="onnxruntime intra-op threads (default: all cores).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, prompt_tokens, stats.")
+def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed, k, no_draft, stop, threads,
+             as_json):
+    """Generate a completion, streaming it, then print the stats."""
+    from specedge.runtime import load
+
+    _check_sampling(max_new_tokens, temperature, top_k, top_p, k, threads)
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    gen = load(bundle, threads=threads)
+    options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                   k=0 if no_draft else k, use_draft=not no_draft, stop=stop, chat=chat)
+    if as_json:
+        result = gen.generate(prompt, **options)
+        click.echo(json.dumps(result.to_json(gen.decode), ensure_ascii=False))
+        return
+    for piece in gen.stream(prompt, **options):
+        click.echo(piece, nl=False)
+    click.echo()
+    click.echo(format_stats(gen.last_result.stats.to_json(gen.decode)), err=True)
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path())
+@click.option("--verify", is_flag=True, help="Also check every file's SHA-256.")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+def inspect(bundle, verify, as_json):
+    """Describe a bundle: models, shapes, vocabulary, export checks."""
+    from specedge.runtime.manifest import read_manifest
+
+    manifest = read_manifest(bundle, verify_hashes=verify)
+    if as_json:
+        click.echo(json.dumps(manifest, indent=2))
+        return
+    click.echo(describe(manifest, verified=verify))
+
+
+def _check_sampling(max_new_tokens, temperature, top_k, top_p, k, threads):
+    if max_new_tokens < 1:
+        raise click.BadParameter(f"must be at least 1, got {max_new_tokens}", param_hint="--max-new-tokens")
+    if temperature < 0:
+        raise click.BadParameter(f"must be >= 0, got {temperature}", param_hint="--temperature")
+    if top_k < 0:
+        raise click.BadParameter(f"must be >= 0, got {top_k}", param_hint="--top-k")
+    if not 0 < top_p <= 1:
+        raise click.BadParameter(f"must be in (0, 1], got {top_p}", param_hint="--top-p")
+    if k < 0:
+        raise click.BadParameter(f"must be >= 0, got {k}", param_hint="--k")
+    if threads is not None and threads < 1:
+        raise click.BadParameter(f"must be >= 1, got {threads}", param_hint="--threads")
+
+
+def format_stats(s: dict) -> str:
+    per_pos = " ".join(f"{a:.2f}" for a in s["acceptance_per_position"]) or "-"
+    t = s["time_s"]
+    lines = [
+        f"-- {s['new_tokens']} tokens in {t['total']:.2f}s = {s['tokens_per_s']:.2f} tok/s "
+        f"(prompt {s['prompt_tokens']} tokens, stop: {s['stop_reason']})",
+        f"   drafted {s['drafted_tokens']}, accepted {s['accepted_tokens']} "
+        f"({100 * s['acceptance_rate']:.1f}%), mean accepted length {s['mean_accepted_length']:.2f}, "
+        f"verify calls {s['verify_calls']}, target calls {s['target_calls']}",
+        f"   acceptance per draft position: {per_pos}",
+        f"   time: prefill {t['prefill']:.2f}s, draft {t['draft']:.2f}s, verify {t['verify']:.2f}s, "
+        f"other {t['other']:.2f}s",
+    ]
+    return "\n".join(lines)
+
+
+def describe(m: dict, verified: bool = False) -> str:
+    lines = [f"specedge bundle, format {m['format_version']} (specedge {m.get('specedge_version', '?')})",
+             f"  vocab {m['vocab_size']}, max_seq_len {m['max_seq_len']}, max_draft {m['max_draft']}, "
+             f"dtype {m['dtype']}, eos ids {m['eos_token_ids']}",
+             f"  chat template: {'yes' if m['tokenizer'].get('chat_template') else 'no'}"]
+    for role, model in m["models"].items():
+        spec, check, kv = model["spec"], model.get("export_check", {}), model["kv"]
+        kv_bytes = 2 * kv["num_layers"] * kv["num_kv_heads"] * m["max_seq_len"] * kv["head_dim"] * 4
+        lines += [
+            f"  {role}: {model['architecture']} from {model['source']} ({model['graph_variant']})",
+            f"    {spec['num_layers']} layers, hidden {spec['hidden_size']}, heads {spec['num_heads']}/"
+            f"{spec['num_kv_heads']} kv, head_dim {spec['head_dim']}",
+            f"    weights {model['weight_bytes'] / 2**20:.1f} MiB, KV buffers {kv_bytes / 2**20:.1f} MiB",
+            f"    export check: max logit error {check.get('max_abs_logit_error', float('nan')):.2e} "
+            f"(tolerance {check.get('tolerance', float('nan')):.2e}), top-1 agreement "
+            f"{check.get('top1_agreement', float('nan')):.3f}",
+        ]
+    lines.append(f"  files: {len(m['files'])}" + (", all checksums verified" if verified else ""))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    try:
+        cli.main(args=argv, prog_name="specedge", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("specedge: aborted", err=True)
+        return EXIT_FAILURE
+    except click.ClickException as err:
+        click.echo(f"specedge: error: {_one_line(err.format_message())}", err=True)
+        return EXIT_USAGE
+    except OptionError as err:
+        click.echo(f"specedge: error: {_one_line(str(err))}", err=True)
+        return EXIT_USAGE
+    except SpecedgeError as err:
+        click.echo(f"specedge: error: {_one_line(str(err))}", err=True)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        click.echo("specedge: interrupted", err=True)
+        return 130
+    return 0
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

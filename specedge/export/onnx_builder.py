@@ -1,0 +1,113 @@
+"""A small ONNX graph builder that streams weights into an external-data file as it goes.
+
+Weights never accumulate in the ModelProto: each initializer is appended to `<model>.onnx.data`
+(4 KiB aligned, so onnxruntime can map it) and the proto keeps only a reference. That keeps export
+memory flat and makes models over 2 GB a non-issue.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+ALIGN = 4096
+INLINE_LIMIT_BYTES = 1024
+
+_ONNX_DTYPES = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(np.int64): TensorProto.INT64,
+    np.dtype(np.int32): TensorProto.INT32,
+    np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(np.bool_): TensorProto.BOOL,
+}
+
+
+class GraphBuilder:
+    """Collects nodes; `weight()` writes tensors to the external data file immediately."""
+
+    def __init__(self, onnx_path: Path, graph_name: str):
+        self.onnx_path = Path(onnx_path)
+        self.data_name = self.onnx_path.name + ".data"
+        self._data = open(self.onnx_path.parent / self.data_name, "wb")
+        self._offset = 0
+        self.name = graph_name
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.outputs: list[onnx.ValueInfoProto] = []
+        self._count = 0
+        self.weight_bytes = 0
+
+    # -- values -------------------------------------------------------------------------------
+    def _fresh(self, hint: str) -> str:
+        self._count += 1
+        return f"{hint}_{self._count}"
+
+    def weight(self, name: str, array: np.ndarray) -> str:
+        """Adds a constant tensor; large ones go to external data right away."""
+        array = np.ascontiguousarray(array)
+        if array.dtype not in _ONNX_DTYPES:
+            raise TypeError(f"unsupported initializer dtype {array.dtype} for {name}")
+        if array.nbytes <= INLINE_LIMIT_BYTES:
+            self.initializers.append(numpy_helper.from_array(array, name))
+            return name
+        pad = (-self._offset) % ALIGN
+        if pad:
+            self._data.write(b"\0" * pad)
+            self._offset += pad
+        self._data.write(array.tobytes())
+        tensor = TensorProto()
+        tensor.name = name
+        tensor.data_type = _ONNX_DTYPES[array.dtype]
+        tensor.dims.extend(array.shape)
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.data_name), ("offset", str(self._offset)),
+                           ("length", str(array.nbytes))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        self.initializers.append(tensor)
+        self._offset += array.nbytes
+        self.weight_bytes += array.nbytes
+        return name
+
+    def const(self, value, dtype=np.int64, hint: str = "const") -> str:
+        return self.weight(self._fresh(hint), np.asarray(value, dtype=dtype))
+
+    def input(self, name: str, elem_type: int, shape: list) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+        return name
+
+    def output(self, value: str, name: str, elem_type: int, shape: list) -> str:
+        self.nodes.append(helper.make_node("Identity", [value], [name], name=f"out_{name}"))
+        self.outputs.append(helper.make_tensor_value_info(name, elem_type, shape))
+        return name
+
+    # -- ops ----------------------------------------------------------------------------------
+    def op(self, op_type: str, *inputs: str, n_out: int = 1, domain: str = "", **attrs):
+        outs = [self._fresh(op_type.lower()) for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=outs[0],
+                                           domain=domain or None, **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    # -- finish -------------------------------------------------------------------------------
+    def save(self) -> None:
+        self._data.close()
+        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                  producer_name="specedge")
+        model.ir_version = 8
+        with open(self.onnx_path, "wb") as f:
+            f.write(model.SerializeToString())
+        onnx.checker.check_model(str(self.onnx_path))
+
+    def abort(self) -> None:
+        self._data.close()
+        for path in (self.onnx_path, self.onnx_path.parent / self.data_name):
+            if os.path.exists(path):
+                os.remove(path)

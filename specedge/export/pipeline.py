@@ -1,0 +1,157 @@
+"""export_bundle: sources -> checked step graphs + tokenizer + manifest, moved into place at the end."""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from specedge import __version__
+from specedge.errors import ExportError
+from specedge.export.check import check_graph
+from specedge.export.onnx_builder import GraphBuilder
+from specedge.export.sources import Source, open_source
+from specedge.export.step_graph import GRAPH_VARIANT, StepGraph, io_names
+from specedge.export.tokenizer_files import write_tokenizer
+from specedge.models import architecture_of
+from specedge.models.weights import WeightTable
+from specedge.runtime.manifest import FORMAT, FORMAT_VERSION, MANIFEST, file_record
+
+MIN_SEQ_LEN = 32
+MAX_DRAFT_LIMIT = 32
+
+
+class Progress:
+    """Stage lines with elapsed seconds; `progress=None` keeps export quiet."""
+
+    def __init__(self, echo):
+        self.echo, self.start = echo, time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        if self.echo:
+            self.echo(f"[{time.perf_counter() - self.start:7.1f}s] {message}")
+
+
+def default_tolerance(max_abs_logit: float) -> float:
+    """fp32 graphs agree with transformers to rounding; allow for reduction order over many layers."""
+    return 1e-3 + 1e-4 * max_abs_logit
+
+
+def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: int = 2048, max_draft: int = 8,
+                  tolerance: float | None = None, force: bool = False, progress=print) -> Path:
+    out = Path(out).expanduser().absolute()
+    _validate(out, max_seq_len, max_draft, force)
+    say = Progress(progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    try:
+        say(f"reading target {target}")
+        sources = {"target": open_source(target)}
+        if draft is not None:
+            say(f"reading draft {draft}")
+            sources["draft"] = open_source(draft)
+        vocab_size = _shared_vocab(sources, say)
+        tokenizer_info = write_tokenizer(sources["target"].tokenizer, work)
+        models, eos_ids = {}, []
+        for role, source in sources.items():
+            models[role], ids = _export_model(role, source, work, vocab_size, max_seq_len, tolerance, say)
+            eos_ids += [i for i in ids if i not in eos_ids and i < vocab_size]
+        if not eos_ids:
+            raise ExportError("the source models name no end-of-sequence token")
+        manifest = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "specedge_version": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "vocab_size": vocab_size, "eos_token_ids": eos_ids, "max_seq_len": max_seq_len,
+            "max_draft": max_draft, "dtype": "float32", "tokenizer": tokenizer_info, "models": models,
+        }
+        say("hashing files")
+        manifest["files"] = {p.name: file_record(p) for p in sorted(work.iterdir()) if p.is_file()}
+        (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        work.chmod(0o755)
+        work.rename(out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    say(f"wrote {out}")
+    return out
+
+
+def _validate(out: Path, max_seq_len: int, max_draft: int, force: bool) -> None:
+    if out.exists() and not force:
+        raise ExportError(f"{out} already exists (pass --force to replace it)")
+    if out.exists() and not (out / MANIFEST).exists():
+        raise ExportError(f"{out} exists and is not a bundle; refusing to replace it")
+    if max_seq_len < MIN_SEQ_LEN:
+        raise ExportError(f"--max-seq-len must be at least {MIN_SEQ_LEN}, got {max_seq_len}")
+    if not 1 <= max_draft <= MAX_DRAFT_LIMIT:
+        raise ExportError(f"--max-draft must be between 1 and {MAX_DRAFT_LIMIT}, got {max_draft}")
+
+
+def _shared_vocab(sources: dict[str, Source], say) -> int:
+    """Bundle vocabulary: the rows every model has; padded rows beyond it are sliced off, said aloud."""
+    rows = {role: s.config["vocab_size"] for role, s in sources.items()}
+    tokenizers = {role: s.tokenizer for role, s in sources.items()}
+    if "draft" in tokenizers and tokenizers["draft"].get_vocab() != tokenizers["target"].get_vocab():
+        vt, vd = tokenizers["target"].get_vocab(), tokenizers["draft"].get_vocab()
+        differ = sum(1 for tok, i in vt.items() if vd.get(tok) != i) + len(set(vd) - set(vt))
+        raise ExportError(f"draft and target vocabularies differ ({differ} tokens map to different ids); "
+                          "speculative decoding needs one shared tokenizer")
+    vocab_size = min(rows.values())
+    needed = len(tokenizers["target"])
+    if needed > vocab_size:
+        raise ExportError(f"the tokenizer has {needed} tokens but a model has only {vocab_size} embedding rows")
+    for role, n in rows.items():
+        if n > vocab_size:
+            say(f"{role}: slicing embedding/LM-head rows {n} -> {vocab_size} (padding beyond the shared vocabulary)")
+    return vocab_size
+
+
+def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_seq_len: int,
+                  tolerance: float | None, say) -> tuple[dict, list[int]]:
+    cfg = source.config
+    architecture, family = architecture_of(cfg)
+    spec = family.spec_from_config(cfg, architecture)
+    spec.vocab_size = vocab_size
+    window = family.sliding_window(cfg)
+    if window and max_seq_len > window:
+        raise ExportError(f"{role}: max_seq_len {max_seq_len} exceeds the sliding window {window} (not supported)")
+    if spec.family == "gpt2" and max_seq_len > spec.max_position_embeddings:
+        raise ExportError(f"{role}: max_seq_len {max_seq_len} exceeds its {spec.max_position_embeddings} positions")
+    say(f"{role}: loading weights of {architecture} ({spec.num_layers} layers, hidden {spec.hidden_size})")
+    model = source.load_model()
+    eos_ids = source.eos_token_ids(model)
+    state = model.state_dict()
+    weights = WeightTable(state.keys(), lambda name: state[name].detach().float().numpy(),
+                          ignore=("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias"))
+    path = work / f"{role}.onnx"
+    builder = GraphBuilder(path, f"specedge_{role}")
+    say(f"{role}: writing step graph")
+    family.build(StepGraph(builder, spec, max_seq_len), spec, weights)
+    weights.finish()
+    builder.save()
+    del state, weights
+    entry = {
+        "file": path.name, "architecture": architecture, "source": source.description,
+        "source_kind": source.kind, "graph_variant": GRAPH_VARIANT, "spec": spec.to_json(),
+        "io": io_names(spec.num_layers), "weight_bytes": builder.weight_bytes,
+        "kv": {"num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
+               "dtype": "float32"},
+    }
+    say(f"{role}: checking the graph against transformers (prefill + multi-token steps)")
+    check = check_graph(path, entry, model, vocab_size, max_seq_len)
+    limit = tolerance if tolerance is not None else default_tolerance(check["max_abs_logit"])
+    check["tolerance"] = limit
+    say(f"{role}: max logit error {check['max_abs_logit_error']:.2e} (tolerance {limit:.2e}), "
+        f"top-1 agreement {check['top1_agreement']:.3f}")
+    if not check["max_abs_logit_error"] <= limit:
+        raise ExportError(f"{role}: exported graph differs from transformers by {check['max_abs_logit_error']:.3g} "
+                          f"(tolerance {limit:.3g}); nothing was written")
+    entry["export_check"] = check
+    del model
+    gc.collect()
+    return entry, eos_ids

@@ -1,0 +1,95 @@
+"""Source models: a Hugging Face folder, a hub id, or a GGUF file, all loaded through transformers.
+
+transformers does the loading (safetensors, sharding, bf16, GGUF dequantization, llama's GGUF q/k
+permutation), so every source ends up as the same fp32 torch module. That module is also the
+reference the exported graph is checked against.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from specedge.errors import ExportError
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass
+class Source:
+    description: str       # what the user gave, for the manifest
+    kind: str              # "hf-folder" | "hub" | "gguf"
+    where: str             # folder or hub id for from_pretrained
+    extra: dict            # more from_pretrained kwargs (gguf_file)
+    config: dict
+    tokenizer: object      # transformers tokenizer (fast)
+
+    def load_model(self):
+        """-> transformers PreTrainedModel, fp32, eval mode (the weights, and the export reference)."""
+        import torch
+        import transformers
+
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(self.where, dtype=torch.float32, **self.extra)
+        except (OSError, ValueError, KeyError) as err:
+            raise ExportError(f"cannot load weights of {self.description}: {_first_line(err)}") from err
+        return model.eval()
+
+    def eos_token_ids(self, model) -> list[int]:
+        return _eos_ids(model, self.config, self.tokenizer)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _locate(src: str) -> tuple[str, str, dict]:
+    """-> (kind, folder or hub id, extra from_pretrained kwargs)"""
+    path = Path(src).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ExportError(f"{src}: a model file must be .gguf (or give a Hugging Face folder)")
+        return "gguf", str(path.parent), {"gguf_file": path.name}
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ExportError(f"{src}: folder has no config.json (not a Hugging Face model folder)")
+        return "hf-folder", str(path), {}
+    if _HUB_ID.match(src):
+        return "hub", src, {}
+    raise ExportError(f"{src}: no such file or folder, and not a hub id of the form org/name")
+
+
+def open_source(src: str) -> Source:
+    """Reads config and tokenizer (cheap); the weights come later with `load_model`."""
+    import transformers
+
+    kind, where, extra = _locate(src)
+    try:
+        config = transformers.AutoConfig.from_pretrained(where, **extra)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(where, **extra)
+    except (OSError, ValueError, KeyError) as err:
+        hint = " (the hub needs a network connection)" if kind == "hub" else ""
+        raise ExportError(f"cannot load {src}{hint}: {_first_line(err)}") from err
+    cfg = config.to_dict()
+    if not cfg.get("architectures"):
+        mapping = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        name = mapping.get(cfg.get("model_type"))
+        cfg["architectures"] = [name] if name else []
+    return Source(src, kind, where, extra, cfg, tokenizer)
+
+
+def _eos_ids(model, cfg: dict, tokenizer) -> list[int]:
+    found: list[int] = []
+    generation = getattr(model, "generation_config", None)
+    for value in (getattr(generation, "eos_token_id", None), cfg.get("eos_token_id"), tokenizer.eos_token_id):
+        for tid in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(tid, int) and tid not in found:
+                found.append(tid)
+    # Chat models end turns with a token that not every config lists as eos.
+    for text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>"):
+        tid = tokenizer.convert_tokens_to_ids(text) if text in tokenizer.get_vocab() else None
+        if isinstance(tid, int) and tid not in found:
+            found.append(tid)
+    return found

@@ -1,0 +1,117 @@
+"""The step graph shared by every architecture (see README, "The step graph").
+
+inputs   input_ids      int64 [B, T]
+         position_ids   int64 [B, T]              absolute positions; row b writes at position_ids[b]
+         past_key.{i}   float [B, H_kv, S_max, D] the whole static buffer of layer i
+         past_value.{i} float [B, H_kv, S_max, D]
+outputs  logits         float [B, T, V]
+         key.{i}        float [B, H_kv, T, D]     K/V of the T new tokens only (after RoPE)
+         value.{i}      float [B, H_kv, T, D]
+
+A query at position p sees buffer slots j < position_ids[b, 0] and the new tokens at positions <= p,
+so slots beyond the committed length (stale drafts) never matter and rejection costs nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from specedge.export.onnx_builder import GraphBuilder
+from specedge.models.spec import ModelSpec, rope_inv_freq
+
+GRAPH_VARIANT = "static-kv-concat-v1"
+
+
+class StepGraph:
+    """Inputs, the shared mask and RoPE tables, attention, and the outputs of one step graph."""
+
+    def __init__(self, builder: GraphBuilder, spec: ModelSpec, max_seq_len: int):
+        self.b, self.spec, self.max_seq_len = builder, spec, max_seq_len
+        b, kv_shape = builder, ["batch", spec.num_kv_heads, max_seq_len, spec.head_dim]
+        self.input_ids = b.input("input_ids", TensorProto.INT64, ["batch", "step"])
+        self.position_ids = b.input("position_ids", TensorProto.INT64, ["batch", "step"])
+        self.past = [(b.input(f"past_key.{i}", TensorProto.FLOAT, kv_shape),
+                      b.input(f"past_value.{i}", TensorProto.FLOAT, kv_shape))
+                     for i in range(spec.num_layers)]
+        self.visible = self._visibility()
+        self.cos_sin = self._rope_tables() if spec.rope else None
+        self.scale = b.const(np.float32(1.0 / np.sqrt(spec.head_dim)), np.float32, "attn_scale")
+        self.masked = b.const(np.float32(np.finfo(np.float32).min), np.float32, "masked")
+
+    def _visibility(self) -> str:
+        b, pos = self.b, self.position_ids
+        start = b.op("Slice", pos, b.const([0]), b.const([1]), b.const([1]))             # [B, 1]
+        slots = b.const(np.arange(self.max_seq_len).reshape(1, 1, -1), hint="slots")      # [1, 1, S]
+        past = b.op("Less", slots, b.op("Unsqueeze", start, b.const([2])))                # [B, 1, S]
+        rows = b.op("Unsqueeze", b.op("GreaterOrEqual", pos, start), b.const([2]))        # [B, T, 1] all true
+        past = b.op("And", past, rows)                                                    # [B, T, S]
+        new = b.op("LessOrEqual", b.op("Unsqueeze", pos, b.const([1])),                   # key pos [B, 1, T]
+                   b.op("Unsqueeze", pos, b.const([2])))                                  # <= query pos [B, T, 1]
+        visible = b.op("Concat", past, new, axis=2)                                       # [B, T, S + T]
+        return b.op("Unsqueeze", visible, b.const([1, 2]))                                # [B, 1, 1, T, S + T]
+
+    def _rope_tables(self) -> tuple[str, str]:
+        b = self.b
+        inv_freq = b.weight("rope.inv_freq", rope_inv_freq(self.spec.rope, self.spec.head_dim).reshape(1, 1, -1))
+        pos = b.op("Unsqueeze", b.op("Cast", self.position_ids, to=TensorProto.FLOAT), b.const([2]))  # [B, T, 1]
+        freqs = b.op("Mul", pos, inv_freq)                                                # [B, T, D/2]
+        axis = b.const([1])
+        return (b.op("Unsqueeze", b.op("Cos", freqs), axis),                              # [B, 1, T, D/2]
+                b.op("Unsqueeze", b.op("Sin", freqs), axis))
+
+    def _rotate(self, x: str) -> str:
+        """HF's rotate-half RoPE on x [B, H, T, D]."""
+        b, (cos, sin) = self.b, self.cos_sin
+        x1, x2 = b.op("Split", x, axis=-1, n_out=2)
+        first = b.op("Sub", b.op("Mul", x1, cos), b.op("Mul", x2, sin))
+        second = b.op("Add", b.op("Mul", x2, cos), b.op("Mul", x1, sin))
+        return b.op("Concat", first, second, axis=-1)
+
+    def _heads(self, x: str, n_heads: int) -> str:
+        """[B, T, n*D] -> [B, n, T, D]"""
+        b = self.b
+        return b.op("Transpose", b.op("Reshape", x, b.const([0, 0, n_heads, self.spec.head_dim])), perm=[0, 2, 1, 3])
+
+    def linear(self, x: str, weight: str, bias: str | None = None) -> str:
+        y = self.b.op("MatMul", x, weight)
+        return self.b.op("Add", y, bias) if bias else y
+
+    def attention(self, layer: int, q: str, k: str, v: str) -> str:
+        """q [B, T, H*D], k/v [B, T, H_kv*D] -> context [B, T, H*D]; emits key.{layer}/value.{layer}."""
+        b, s = self.b, self.spec
+        groups = s.num_heads // s.num_kv_heads
+        q, k, v = self._heads(q, s.num_heads), self._heads(k, s.num_kv_heads), self._heads(v, s.num_kv_heads)
+        if self.cos_sin:
+            q, k = self._rotate(q), self._rotate(k)
+        kv_out = ["batch", s.num_kv_heads, "step", s.head_dim]
+        b.output(k, f"key.{layer}", TensorProto.FLOAT, kv_out)
+        b.output(v, f"value.{layer}", TensorProto.FLOAT, kv_out)
+        past_k, past_v = self.past[layer]
+        unsq = b.const([2])
+        keys = b.op("Unsqueeze", b.op("Concat", past_k, k, axis=2), unsq)                 # [B, Hkv, 1, S+T, D]
+        values = b.op("Unsqueeze", b.op("Concat", past_v, v, axis=2), unsq)
+        q = b.op("Reshape", q, b.const([0, s.num_kv_heads, groups, -1, s.head_dim]))     # [B, Hkv, G, T, D]
+        scores = b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 2, 4, 3]))         # [B, Hkv, G, T, S+T]
+        scores = b.op("Where", self.visible, b.op("Mul", scores, self.scale), self.masked)
+        context = b.op("MatMul", b.op("Softmax", scores, axis=-1), values)                # [B, Hkv, G, T, D]
+        context = b.op("Reshape", context, b.const([0, s.num_heads, -1, s.head_dim]))    # [B, H, T, D]
+        context = b.op("Transpose", context, perm=[0, 2, 1, 3])                           # [B, T, H, D]
+        return b.op("Reshape", context, b.const([0, 0, s.num_heads * s.head_dim]))
+
+    def logits(self, hidden: str, lm_head: str) -> None:
+        """hidden [B, T, E] x lm_head [V, E] (HF layout, shared with a tied embedding) -> logits [B, T, V]."""
+        b = self.b
+        flat = b.op("Reshape", hidden, b.const([-1, self.spec.hidden_size]))
+        logits = b.op("Gemm", flat, lm_head, transB=1)                                    # [B*T, V]
+        shape = b.op("Concat", b.op("Shape", self.input_ids), b.const([self.spec.vocab_size]), axis=0)
+        b.output(b.op("Reshape", logits, shape), "logits", TensorProto.FLOAT, ["batch", "step", self.spec.vocab_size])
+
+
+def io_names(num_layers: int) -> dict:
+    """The I/O names of a step graph, as the manifest records them."""
+    return {
+        "inputs": ["input_ids", "position_ids"]
+        + [n for i in range(num_layers) for n in (f"past_key.{i}", f"past_value.{i}")],
+        "outputs": ["logits"] + [n for i in range(num_layers) for n in (f"key.{i}", f"value.{i}")],
+    }

@@ -1,0 +1,28 @@
+"""Architecture registry, keyed by the HF `architectures` name.
+
+Each entry turns a config dict into a ModelSpec and writes the decoder body into a StepGraph from an
+explicit weight-name map.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from specedge.errors import ExportError
+from specedge.models import gpt2, llama
+
+ARCHITECTURES: dict[str, ModuleType] = {
+    "LlamaForCausalLM": llama,
+    "MistralForCausalLM": llama,
+    "Qwen2ForCausalLM": llama,
+    "GPT2LMHeadModel": gpt2,
+}
+
+
+def architecture_of(cfg: dict) -> tuple[str, ModuleType]:
+    names = cfg.get("architectures") or []
+    for name in names:
+        if name in ARCHITECTURES:
+            return name, ARCHITECTURES[name]
+    shown = ", ".join(names) or f"model_type '{cfg.get('model_type')}'"
+    raise ExportError(f"unsupported architecture {shown}; supported: {', '.join(ARCHITECTURES)}")

@@ -1,0 +1,72 @@
+"""GPT-2: learned positions, LayerNorm with bias, fused qkv (Conv1D, stored [in, out]), GELU, tied head."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specedge.errors import ExportError
+from specedge.models.spec import ModelSpec
+from specedge.models.weights import WeightTable
+
+_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh", "gelu")
+
+
+def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
+    act = cfg.get("activation_function", "gelu_new")
+    if act not in _ACTIVATIONS:
+        raise ExportError(f"GPT2: activation '{act}' is not supported ({', '.join(_ACTIVATIONS)})")
+    for flag in ("scale_attn_by_inverse_layer_idx", "add_cross_attention"):
+        if cfg.get(flag):
+            raise ExportError(f"GPT2: '{flag}' is not supported")
+    if cfg.get("scale_attn_weights", True) is False:
+        raise ExportError("GPT2: scale_attn_weights=false is not supported")
+    hidden, heads = cfg["n_embd"], cfg["n_head"]
+    return ModelSpec(
+        architecture=architecture, family="gpt2", vocab_rows=cfg["vocab_size"], hidden_size=hidden,
+        num_layers=cfg["n_layer"], num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
+        intermediate_size=cfg.get("n_inner") or 4 * hidden, norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)),
+        max_position_embeddings=cfg["n_positions"], tied_embeddings=True, qkv_bias=True, o_bias=True,
+        mlp_bias=True, activation=act,
+    )
+
+
+def sliding_window(cfg: dict) -> int | None:
+    return None
+
+
+def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
+    b, e, f = graph.b, spec.hidden_size, spec.intermediate_size
+
+    def conv1d(prefix: str, n_in: int, n_out: int) -> tuple[str, str]:
+        return (b.weight(f"{prefix}.weight", weights.take(f"{prefix}.weight", (n_in, n_out))),
+                b.weight(f"{prefix}.bias", weights.take(f"{prefix}.bias", (n_out,))))
+
+    def layer_norm(x: str, prefix: str) -> str:
+        w = b.weight(f"{prefix}.weight", weights.take(f"{prefix}.weight", (e,)))
+        bias = b.weight(f"{prefix}.bias", weights.take(f"{prefix}.bias", (e,)))
+        return b.op("LayerNormalization", x, w, bias, axis=-1, epsilon=spec.norm_eps)
+
+    def gelu(x: str) -> str:
+        half = b.const(0.5, dtype="float32", hint="half")
+        one = b.const(1.0, dtype="float32", hint="one")
+        if spec.activation == "gelu":
+            inner = b.op("Erf", b.op("Mul", x, b.const(1 / np.sqrt(2.0), dtype="float32")))
+        else:  # tanh approximation
+            cube = b.op("Mul", b.op("Mul", x, x), x)
+            poly = b.op("Add", x, b.op("Mul", cube, b.const(0.044715, dtype="float32")))
+            inner = b.op("Tanh", b.op("Mul", poly, b.const(np.sqrt(2.0 / np.pi), dtype="float32")))
+        return b.op("Mul", b.op("Mul", x, half), b.op("Add", inner, one))
+
+    wte = b.weight("transformer.wte.weight", weights.take("transformer.wte.weight", (spec.vocab_rows, e))[: spec.vocab_size])
+    wpe = b.weight("transformer.wpe.weight", weights.take("transformer.wpe.weight", (spec.max_position_embeddings, e)))
+    x = b.op("Add", b.op("Gather", wte, graph.input_ids), b.op("Gather", wpe, graph.position_ids))  # [B, T, E]
+    for i in range(spec.num_layers):
+        p = f"transformer.h.{i}"
+        qkv = graph.linear(layer_norm(x, f"{p}.ln_1"), *conv1d(f"{p}.attn.c_attn", e, 3 * e))
+        q, k, v = b.op("Split", qkv, axis=-1, n_out=3)
+        context = graph.attention(i, q, k, v)
+        x = b.op("Add", x, graph.linear(context, *conv1d(f"{p}.attn.c_proj", e, e)))
+        h = gelu(graph.linear(layer_norm(x, f"{p}.ln_2"), *conv1d(f"{p}.mlp.c_fc", e, f)))
+        x = b.op("Add", x, graph.linear(h, *conv1d(f"{p}.mlp.c_proj", f, e)))
+    weights.drop("lm_head.weight")
+    graph.logits(layer_norm(x, "transformer.ln_f"), wte)

@@ -1,0 +1,72 @@
+"""Llama-family decoders (Llama, Mistral, Qwen2): RMSNorm, RoPE, GQA, SwiGLU, optional q/k/v biases."""
+
+from __future__ import annotations
+
+from specedge.errors import ExportError
+from specedge.models.spec import ModelSpec, rope_from_config
+from specedge.models.weights import WeightTable
+
+
+def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
+    heads = cfg["num_attention_heads"]
+    hidden = cfg["hidden_size"]
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ExportError(f"{architecture}: activation '{cfg.get('hidden_act')}' is not supported (only silu)")
+    qkv_bias = architecture == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False))
+    return ModelSpec(
+        architecture=architecture, family="llama", vocab_rows=cfg["vocab_size"], hidden_size=hidden,
+        num_layers=cfg["num_hidden_layers"], num_heads=heads,
+        num_kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or hidden // heads, intermediate_size=cfg["intermediate_size"],
+        norm_eps=float(cfg["rms_norm_eps"]), max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=qkv_bias,
+        o_bias=architecture != "Qwen2ForCausalLM" and bool(cfg.get("attention_bias", False)),
+        mlp_bias=bool(cfg.get("mlp_bias", False)), activation="silu", rope=rope_from_config(cfg),
+    )
+
+
+def sliding_window(cfg: dict) -> int | None:
+    if cfg.get("model_type") == "qwen2" and not cfg.get("use_sliding_window", False):
+        return None
+    return cfg.get("sliding_window")
+
+
+def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
+    b, e, d = graph.b, spec.hidden_size, spec.head_dim
+    q_out, kv_out = spec.num_heads * d, spec.num_kv_heads * d
+
+    def linear(prefix: str, n_in: int, n_out: int, has_bias: bool) -> tuple[str, str | None]:
+        w = b.weight(f"{prefix}.weight_t", weights.take(f"{prefix}.weight", (n_out, n_in)).T)
+        bias = b.weight(f"{prefix}.bias", weights.take(f"{prefix}.bias", (n_out,))) if has_bias else None
+        return w, bias
+
+    def rms_norm(x: str, name: str) -> str:
+        w = b.weight(name, weights.take(name, (e,)))
+        two = b.const(2.0, dtype="float32", hint="two")
+        variance = b.op("ReduceMean", b.op("Pow", x, two), axes=[-1], keepdims=1)
+        eps = b.const(spec.norm_eps, dtype="float32", hint="eps")
+        return b.op("Mul", b.op("Div", x, b.op("Sqrt", b.op("Add", variance, eps))), w)
+
+    embed_rows = weights.take("model.embed_tokens.weight", (spec.vocab_rows, e))[: spec.vocab_size]
+    embed = b.weight("model.embed_tokens.weight", embed_rows)
+    x = b.op("Gather", embed, graph.input_ids)                                             # [B, T, E]
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}"
+        h = rms_norm(x, f"{p}.input_layernorm.weight")
+        q = graph.linear(h, *linear(f"{p}.self_attn.q_proj", e, q_out, spec.qkv_bias))
+        k = graph.linear(h, *linear(f"{p}.self_attn.k_proj", e, kv_out, spec.qkv_bias))
+        v = graph.linear(h, *linear(f"{p}.self_attn.v_proj", e, kv_out, spec.qkv_bias))
+        context = graph.attention(i, q, k, v)
+        x = b.op("Add", x, graph.linear(context, *linear(f"{p}.self_attn.o_proj", q_out, e, spec.o_bias)))
+        h = rms_norm(x, f"{p}.post_attention_layernorm.weight")
+        gate = graph.linear(h, *linear(f"{p}.mlp.gate_proj", e, spec.intermediate_size, spec.mlp_bias))
+        up = graph.linear(h, *linear(f"{p}.mlp.up_proj", e, spec.intermediate_size, spec.mlp_bias))
+        act = b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up)                  # silu(gate) * up
+        x = b.op("Add", x, graph.linear(act, *linear(f"{p}.mlp.down_proj", spec.intermediate_size, e, spec.mlp_bias)))
+    x = rms_norm(x, "model.norm.weight")
+    if spec.tied_embeddings:
+        weights.drop("lm_head.weight")
+        graph.logits(x, embed)
+    else:
+        head = weights.take("lm_head.weight", (spec.vocab_rows, e))[: spec.vocab_size]
+        graph.logits(x, b.weight("lm_head.weight", head))

@@ -1,0 +1,239 @@
+"""The speculate -> verify -> accept loop over a bundle, with streaming and stats."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from specedge.errors import BundleError, OptionError, SpecedgeError
+from specedge.runtime.chat import render_chat
+from specedge.runtime.manifest import read_manifest
+from specedge.runtime.sampling import Warp, draw
+from specedge.runtime.stats import GenerationStats
+from specedge.runtime.step_model import StepModel
+from specedge.runtime.text import IncrementalDecoder, StopStrings
+from specedge.runtime.verify import accept_greedy, accept_sampled
+
+PREFILL_CHUNK = 64
+BACKENDS = ("cpu",)
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    k: int = 4                      # draft tokens per verify call; 0 = target alone
+    use_draft: bool = True
+    stop: tuple[str, ...] = ()
+    chat: bool = False
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]               # generated ids (an eos id that ended the run included)
+    prompt_tokens: int
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+    def to_json(self, decode=None) -> dict:
+        return {"text": self.text, "tokens": self.tokens, "prompt_tokens": self.prompt_tokens,
+                "stats": self.stats.to_json(decode)}
+
+
+class Generator:
+    """A loaded bundle: target (and draft) sessions, their KV buffers, and the tokenizer."""
+
+    def __init__(self, bundle: str | Path, backend: str = "cpu", threads: int | None = None):
+        if backend not in BACKENDS:
+            raise SpecedgeError(f"backend '{backend}' is not available (available: {', '.join(BACKENDS)})")
+        self.path = Path(bundle)
+        self.manifest = m = read_manifest(self.path)
+        self.max_seq_len, self.max_draft, self.vocab_size = m["max_seq_len"], m["max_draft"], m["vocab_size"]
+        self.eos_ids = set(m["eos_token_ids"])
+        try:
+            self.tokenizer = Tokenizer.from_file(str(self.path / m["tokenizer"]["file"]))
+        except Exception as err:  # tokenizers raises a bare Exception on bad JSON
+            raise BundleError(f"{self.path}: corrupt tokenizer ({str(err).splitlines()[0]})") from err
+        template = m["tokenizer"].get("chat_template")
+        self.chat_template = (self.path / template).read_text() if template else None
+        max_step = max(PREFILL_CHUNK, self.max_draft + 2)
+        models = m["models"]
+        self.target = StepModel(self.path / models["target"]["file"], models["target"], self.max_seq_len,
+                                self.vocab_size, max_step, threads)
+        self.draft = (StepModel(self.path / models["draft"]["file"], models["draft"], self.max_seq_len,
+                                self.vocab_size, max_step, threads) if "draft" in models else None)
+        self.last_result: GenerationResult | None = None
+
+    # -- public API ---------------------------------------------------------------------------
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        if chat:
+            if not self.chat_template:
+                raise SpecedgeError("this bundle has no chat template; run without --chat")
+            tok = self.manifest["tokenizer"]
+            text = render_chat(self.chat_template, [{"role": "user", "content": prompt}],
+                               tok.get("bos_token"), tok.get("eos_token"))
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(prompt).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def generate(self, prompt: str, **options) -> GenerationResult:
+        for _ in self.stream(prompt, **options):
+            pass
+        return self.last_result
+
+    def stream(self, prompt: str, **options) -> Iterator[str]:
+        """Yields text pieces as tokens are accepted; `last_result` holds the full result afterwards."""
+        opts = self._options(options)
+        prompt_ids = self.encode(prompt, opts.chat)
+        return self._stream_ids(prompt_ids, opts)
+
+    def generate_ids(self, prompt_ids: list[int], **options) -> GenerationResult:
+        for _ in self._stream_ids(list(prompt_ids), self._options(options)):
+            pass
+        return self.last_result
+
+    # -- internals ----------------------------------------------------------------------------
+    def _options(self, options: dict) -> GenerationOptions:
+        opts = replace(GenerationOptions(), **options)
+        opts = replace(opts, stop=tuple(opts.stop))
+        if opts.max_new_tokens < 1:
+            raise OptionError(f"max_new_tokens must be at least 1, got {opts.max_new_tokens}")
+        if opts.temperature < 0:
+            raise OptionError(f"temperature must be >= 0, got {opts.temperature}")
+        if opts.top_k < 0:
+            raise OptionError(f"top_k must be >= 0, got {opts.top_k}")
+        if not 0.0 < opts.top_p <= 1.0:
+            raise OptionError(f"top_p must be in (0, 1], got {opts.top_p}")
+        if not 0 <= opts.k <= self.max_draft:
+            raise OptionError(f"k must be between 0 and the bundle's max_draft {self.max_draft}, got {opts.k}")
+        if opts.use_draft and opts.k > 0 and self.draft is None:
+            raise OptionError("this bundle has no draft model; use --no-draft or k=0")
+        return opts
+
+    def _stream_ids(self, prompt_ids: list[int], opts: GenerationOptions) -> Iterator[str]:
+        if not prompt_ids:
+            raise SpecedgeError("the prompt is empty after tokenization")
+        if len(prompt_ids) >= self.max_seq_len:
+            raise SpecedgeError(f"the prompt has {len(prompt_ids)} tokens; the bundle's max_seq_len "
+                                f"{self.max_seq_len} leaves no room to generate")
+        stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        decoder, stops = IncrementalDecoder(self.tokenizer), StopStrings(list(opts.stop))
+        generated: list[int] = []
+        start = time.perf_counter()
+        steps = self._decode(prompt_ids, opts, stats)
+        try:
+            for new in steps:
+                generated += new
+                piece = stops.push(decoder.push(new))
+                if piece:
+                    yield piece
+                if stops.stopped:
+                    stats.stop_reason = "stop_string"
+                    break
+            else:
+                piece = stops.push(decoder.flush())
+                piece += stops.flush()
+                if piece:
+                    yield piece
+        finally:
+            steps.close()
+            stats.total_s = time.perf_counter() - start
+            stats.new_tokens = len(generated)
+            self.last_result = GenerationResult(stops.text, generated, len(prompt_ids), stats)
+
+    def _pick(self, logits_row: np.ndarray, warp: Warp, rng: np.random.Generator) -> int:
+        if warp.greedy:
+            return int(logits_row.argmax())
+        return draw(warp.probs(logits_row[None])[0], rng)
+
+    def _decode(self, prompt_ids: list[int], opts: GenerationOptions, stats: GenerationStats) -> Iterator[list[int]]:
+        """Yields the tokens committed by each step until eos, max_new_tokens or the end of the buffer."""
+        tgt = self.target
+        dft = self.draft if opts.use_draft and opts.k > 0 else None
+        warp = Warp(opts.temperature, opts.top_k, opts.top_p)
+        rng = np.random.default_rng(opts.seed)
+        t0 = time.perf_counter()
+        tgt.pos = 0
+        token = self._pick(tgt.feed(prompt_ids)[-1], warp, rng)              # prefill (chunked)
+        if dft is not None:
+            dft.pos = 0
+            dft.feed(prompt_ids)
+        stats.prefill_s = time.perf_counter() - t0
+        tokens, n_new = prompt_ids + [token], 1
+        yield [token]
+        if token in self.eos_ids:
+            stats.stop_reason = "eos"
+            return
+        while True:
+            if n_new >= opts.max_new_tokens:
+                stats.stop_reason = "max_new_tokens"
+                return
+            if tgt.pos + 1 > self.max_seq_len:                                # no slot for the pending token
+                stats.stop_reason = "max_seq_len"
+                return
+            assert tgt.pos == len(tokens) - 1, (tgt.pos, len(tokens))
+            room = self.max_seq_len - tgt.pos - 1                              # verify writes 1 + k slots
+            k = min(opts.k, opts.max_new_tokens - n_new - 1, room) if dft is not None else 0
+            if k > 0:
+                new = self._speculate(tokens, k, warp, rng, stats)
+            else:
+                t = time.perf_counter()
+                new = [self._pick(tgt.feed(tokens[tgt.pos:])[-1], warp, rng)]
+                stats.verify_s += time.perf_counter() - t
+                stats.n_target_calls += 1
+                stats.record_step(0, 0, [], new[0])
+            new = new[: opts.max_new_tokens - n_new]
+            hit = next((i for i, t in enumerate(new) if t in self.eos_ids), None)
+            if hit is not None:
+                new = new[: hit + 1]
+            tokens += new
+            n_new += len(new)
+            yield new
+            if hit is not None:
+                stats.stop_reason = "eos"
+                return
+
+    def _speculate(self, tokens: list[int], k: int, warp: Warp, rng: np.random.Generator,
+                   stats: GenerationStats) -> list[int]:
+        """One speculative step: k draft tokens, one target call, the accepted prefix + the target's token."""
+        tgt, dft = self.target, self.draft
+        # 1. draft: catch up on committed tokens it has not seen (1 or 2), then propose k tokens
+        t = time.perf_counter()
+        logits = dft.feed(tokens[dft.pos:])
+        drafts, q_rows = [], []
+        for i in range(k):
+            if warp.greedy:
+                drafts.append(int(logits[-1].argmax()))
+            else:
+                q_rows.append(warp.probs(logits[-1:])[0])
+                drafts.append(draw(q_rows[-1], rng))
+            if i < k - 1:
+                logits = dft.feed(drafts[-1:])
+        stats.draft_s += time.perf_counter() - t
+        stats.n_draft_calls += k
+        # 2. verify: the target scores [pending token, d1..dk] in one call -> rows [k + 1, V]
+        t = time.perf_counter()
+        base = tgt.pos
+        rows = tgt.feed(tokens[base:] + drafts)[-(k + 1):]
+        # 3. accept: the target decides every token
+        if warp.greedy:
+            n, token = accept_greedy(drafts, rows)
+        else:
+            n, token = accept_sampled(drafts, np.stack(q_rows), warp.probs(rows), rng)
+        stats.verify_s += time.perf_counter() - t
+        stats.n_target_calls += 1
+        # 4. rewind: keep the K/V of accepted tokens only; stale slots are masked, overwritten later
+        tgt.pos = base + 1 + n
+        dft.pos = min(dft.pos, base + 1 + n)
+        stats.record_step(k, n, drafts, token)
+        return drafts[:n] + [token]

@@ -1,0 +1,100 @@
+"""One exported model behind onnxruntime, with its static KV buffers and its position counter.
+
+The buffers are allocated once and bound to the session once (zero-copy OrtValues); each call binds
+only preallocated scratch views for ids, positions, logits and the new K/V, so a step allocates no
+KV memory. `pos` is the number of committed tokens in the buffers: rejecting drafts means setting it
+back, nothing else: slots at or beyond `pos` are masked by the graph and overwritten later.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from specedge.errors import BundleError
+
+
+def session_options(threads: int | None) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads or os.cpu_count() or 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return options
+
+
+class StepModel:
+    def __init__(self, path: Path, model: dict, max_seq_len: int, vocab_size: int, max_step: int,
+                 threads: int | None = None):
+        try:
+            self.session = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime raises its own untyped errors for bad files
+            raise BundleError(f"{path}: cannot load model ({str(err).splitlines()[0]})") from err
+        kv = model["kv"]
+        self.num_layers, self.max_seq_len, self.vocab_size = kv["num_layers"], max_seq_len, vocab_size
+        self.max_step = max_step
+        kv_shape = (1, kv["num_kv_heads"], max_seq_len, kv["head_dim"])                   # [B, H_kv, S, D]
+        self.keys = [np.zeros(kv_shape, np.float32) for _ in range(self.num_layers)]
+        self.values = [np.zeros(kv_shape, np.float32) for _ in range(self.num_layers)]
+        self.kv_bytes = 2 * sum(k.nbytes for k in self.keys)
+        self.pos = 0
+        # scratch, sized for the longest step; a step uses a contiguous prefix of each
+        per_token = kv["num_kv_heads"] * kv["head_dim"]
+        self._ids = np.zeros(max_step, np.int64)
+        self._positions = np.zeros(max_step, np.int64)
+        self._logits = np.empty(max_step * vocab_size, np.float32)
+        self._new_k = [np.empty(max_step * per_token, np.float32) for _ in range(self.num_layers)]
+        self._new_v = [np.empty(max_step * per_token, np.float32) for _ in range(self.num_layers)]
+        self._kv_step_shape = (1, kv["num_kv_heads"], -1, kv["head_dim"])
+        self._binding = self.session.io_binding()
+        self._past = []  # keeps the OrtValues alive
+        for i in range(self.num_layers):
+            for name, buf in ((f"past_key.{i}", self.keys[i]), (f"past_value.{i}", self.values[i])):
+                value = ort.OrtValue.ortvalue_from_numpy(buf)
+                self._past.append(value)
+                self._binding.bind_ortvalue_input(name, value)
+        self._bound_step = 0
+
+    def _bind_step(self, n: int) -> None:
+        b = self._binding
+        b.bind_input("input_ids", "cpu", 0, np.int64, [1, n], self._ids.ctypes.data)
+        b.bind_input("position_ids", "cpu", 0, np.int64, [1, n], self._positions.ctypes.data)
+        b.bind_output("logits", "cpu", 0, np.float32, [1, n, self.vocab_size], self._logits.ctypes.data)
+        kv_shape = [1, self._kv_step_shape[1], n, self._kv_step_shape[3]]
+        for i in range(self.num_layers):
+            b.bind_output(f"key.{i}", "cpu", 0, np.float32, kv_shape, self._new_k[i].ctypes.data)
+            b.bind_output(f"value.{i}", "cpu", 0, np.float32, kv_shape, self._new_v[i].ctypes.data)
+        self._bound_step = n
+
+    def _run(self, tokens, start: int) -> np.ndarray:
+        """Feeds len(tokens) <= max_step tokens at positions start.. -> logits [T, V] (scratch view)."""
+        n = len(tokens)
+        assert 0 < n <= self.max_step and start + n <= self.max_seq_len, (n, start)
+        self._ids[:n] = tokens
+        self._positions[:n] = np.arange(start, start + n)
+        if n != self._bound_step:
+            self._bind_step(n)
+        self.session.run_with_iobinding(self._binding)
+        size = n * self._kv_step_shape[1] * self._kv_step_shape[3]
+        for i in range(self.num_layers):
+            self.keys[i][:, :, start:start + n] = self._new_k[i][:size].reshape(self._kv_step_shape)
+            self.values[i][:, :, start:start + n] = self._new_v[i][:size].reshape(self._kv_step_shape)
+        return self._logits[: n * self.vocab_size].reshape(n, self.vocab_size)
+
+    def feed(self, tokens) -> np.ndarray:
+        """Appends tokens after `pos` (chunked) and advances `pos`.
+
+        Returns the logits of the last chunk's tokens [T_last, V]; a view valid until the next call.
+        """
+        tokens = list(tokens)
+        if self.pos + len(tokens) > self.max_seq_len:
+            raise ValueError(f"{self.pos} + {len(tokens)} tokens exceed max_seq_len {self.max_seq_len}")
+        logits = None
+        for at in range(0, len(tokens), self.max_step):
+            chunk = tokens[at: at + self.max_step]
+            logits = self._run(chunk, self.pos)
+            self.pos += len(chunk)
+        return logits

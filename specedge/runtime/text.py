@@ -1,0 +1,68 @@
+"""Token ids -> text as tokens arrive, without splitting multi-byte characters, and stop strings."""
+
+from __future__ import annotations
+
+REPLACEMENT = "\ufffd"
+
+
+class IncrementalDecoder:
+    """Decodes a growing id list piece by piece.
+
+    Decoding a window of recent ids (from prefix_offset) keeps context-dependent decoders (leading
+    spaces) right; a piece ending in U+FFFD is an incomplete UTF-8 sequence and waits for more ids.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def push(self, new_ids: list[int]) -> str:
+        self.ids.extend(new_ids)
+        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset:])
+        if len(full) > len(prefix) and not full.endswith(REPLACEMENT) and full.startswith(prefix):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return full[len(prefix):]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character at the very end)."""
+        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset:])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return full[len(prefix):] if full.startswith(prefix) else ""
+
+
+class StopStrings:
+    """Accumulates text; releases only what cannot be the start of a stop string."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.text = ""
+        self.released = 0
+        self.stopped = False
+
+    def push(self, piece: str) -> str:
+        search_from = max(0, len(self.text) - self.hold)
+        self.text += piece
+        hits = [i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.stopped = True
+            return self._release(len(self.text))
+        return self._release(len(self.text) - self.hold)
+
+    def flush(self) -> str:
+        return self._release(len(self.text))
+
+    def _release(self, upto: int) -> str:
+        upto = max(upto, self.released)
+        piece = self.text[self.released:upto]
+        self.released = upto
+        return piece

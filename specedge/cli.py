@@ -50,10 +50,11 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, force):
 @click.option("--k", "k", default=4, show_default=True, type=int, help="Draft tokens per verify call.")
 @click.option("--no-draft", is_flag=True, help="Target alone (the baseline).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @click.option("--threads", default=None, type=int, help="onnxruntime intra-op threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, prompt_tokens, stats.")
-def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed, k, no_draft, stop, threads,
-             as_json):
+def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed, k, no_draft, stop, ignore_eos,
+             threads, as_json):
     """Generate a completion, streaming it, then print the stats."""
     from specedge.runtime import load
 
@@ -62,7 +63,7 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
         prompt = sys.stdin.read()
     gen = load(bundle, threads=threads)
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                   k=0 if no_draft else k, use_draft=not no_draft, stop=stop, chat=chat)
+                   k=0 if no_draft else k, use_draft=not no_draft, stop=stop, chat=chat, ignore_eos=ignore_eos)
     if as_json:
         result = gen.generate(prompt, **options)
         click.echo(json.dumps(result.to_json(gen.decode), ensure_ascii=False))

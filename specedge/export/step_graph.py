@@ -8,8 +8,11 @@ outputs  logits         float [B, T, V]
          key.{i}        float [B, H_kv, T, D]     K/V of the T new tokens only (after RoPE)
          value.{i}      float [B, H_kv, T, D]
 
-A query at position p sees buffer slots j < position_ids[b, 0] and the new tokens at positions <= p,
-so slots beyond the committed length (stale drafts) never matter and rejection costs nothing.
+Inside the graph the new K/V are scattered into a copy of the buffer at their positions, and a query
+at position p attends to slots j <= p of that copy. Slots beyond the committed length (stale drafts)
+never matter, so rejection costs nothing; and a token's attention sums over the same slots in the
+same order whether it arrives alone or in a verify call of k + 1 tokens, so verify rows equal
+single-step rows bit for bit (what keeps greedy speculation identical to target-only greedy).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from onnx import TensorProto
 from specedge.export.onnx_builder import GraphBuilder
 from specedge.models.spec import ModelSpec, rope_inv_freq
 
-GRAPH_VARIANT = "static-kv-concat-v1"
+GRAPH_VARIANT = "static-kv-scatter-v1"
 
 
 class StepGraph:
@@ -28,6 +31,11 @@ class StepGraph:
 
     def __init__(self, builder: GraphBuilder, spec: ModelSpec, max_seq_len: int):
         self.b, self.spec, self.max_seq_len = builder, spec, max_seq_len
+        # Attention runs as one matrix product per kv head with R*T query rows. MLAS takes a different
+        # accumulation path for a single row, so R >= 2 keeps verify rows bitwise equal to single steps:
+        # R = the GQA group size, or 2 (the query rows duplicated) for plain multi-head attention.
+        self.groups = spec.num_heads // spec.num_kv_heads
+        self.query_rows = max(self.groups, 2)
         b, kv_shape = builder, ["batch", spec.num_kv_heads, max_seq_len, spec.head_dim]
         self.input_ids = b.input("input_ids", TensorProto.INT64, ["batch", "step"])
         self.position_ids = b.input("position_ids", TensorProto.INT64, ["batch", "step"])
@@ -41,15 +49,11 @@ class StepGraph:
 
     def _visibility(self) -> str:
         b, pos = self.b, self.position_ids
-        start = b.op("Slice", pos, b.const([0]), b.const([1]), b.const([1]))             # [B, 1]
         slots = b.const(np.arange(self.max_seq_len).reshape(1, 1, -1), hint="slots")      # [1, 1, S]
-        past = b.op("Less", slots, b.op("Unsqueeze", start, b.const([2])))                # [B, 1, S]
-        rows = b.op("Unsqueeze", b.op("GreaterOrEqual", pos, start), b.const([2]))        # [B, T, 1] all true
-        past = b.op("And", past, rows)                                                    # [B, T, S]
-        new = b.op("LessOrEqual", b.op("Unsqueeze", pos, b.const([1])),                   # key pos [B, 1, T]
-                   b.op("Unsqueeze", pos, b.const([2])))                                  # <= query pos [B, T, 1]
-        visible = b.op("Concat", past, new, axis=2)                                       # [B, T, S + T]
-        return b.op("Unsqueeze", visible, b.const([1, 2]))                                # [B, 1, 1, T, S + T]
+        visible = b.op("LessOrEqual", slots, b.op("Unsqueeze", pos, b.const([2])))      # [B, T, S]
+        self.scatter_index = b.op("Unsqueeze", pos, b.const([1, 3]))                      # [B, 1, T, 1]
+        visible = b.op("Unsqueeze", visible, b.const([1]))                                # [B, 1, T, S]
+        return b.op("Tile", visible, b.const([1, 1, self.query_rows, 1]))                 # [B, 1, R*T, S]
 
     def _rope_tables(self) -> tuple[str, str]:
         b = self.b
@@ -80,7 +84,6 @@ class StepGraph:
     def attention(self, layer: int, q: str, k: str, v: str) -> str:
         """q [B, T, H*D], k/v [B, T, H_kv*D] -> context [B, T, H*D]; emits key.{layer}/value.{layer}."""
         b, s = self.b, self.spec
-        groups = s.num_heads // s.num_kv_heads
         q, k, v = self._heads(q, s.num_heads), self._heads(k, s.num_kv_heads), self._heads(v, s.num_kv_heads)
         if self.cos_sin:
             q, k = self._rotate(q), self._rotate(k)
@@ -88,13 +91,17 @@ class StepGraph:
         b.output(k, f"key.{layer}", TensorProto.FLOAT, kv_out)
         b.output(v, f"value.{layer}", TensorProto.FLOAT, kv_out)
         past_k, past_v = self.past[layer]
-        unsq = b.const([2])
-        keys = b.op("Unsqueeze", b.op("Concat", past_k, k, axis=2), unsq)                 # [B, Hkv, 1, S+T, D]
-        values = b.op("Unsqueeze", b.op("Concat", past_v, v, axis=2), unsq)
-        q = b.op("Reshape", q, b.const([0, s.num_kv_heads, groups, -1, s.head_dim]))     # [B, Hkv, G, T, D]
-        scores = b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 2, 4, 3]))         # [B, Hkv, G, T, S+T]
+        index = b.op("Expand", self.scatter_index, b.op("Shape", k))                      # [B, Hkv, T, D]
+        keys = b.op("ScatterElements", past_k, index, k, axis=2)                          # [B, Hkv, S, D]
+        values = b.op("ScatterElements", past_v, index, v, axis=2)
+        q = b.op("Reshape", q, b.const([0, s.num_kv_heads, -1, s.head_dim]))             # [B, Hkv, G*T, D]
+        if self.groups == 1:
+            q = b.op("Concat", q, q, axis=2)                                              # [B, H, 2T, D]
+        scores = b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 3, 2]))            # [B, Hkv, R*T, S]
         scores = b.op("Where", self.visible, b.op("Mul", scores, self.scale), self.masked)
-        context = b.op("MatMul", b.op("Softmax", scores, axis=-1), values)                # [B, Hkv, G, T, D]
+        context = b.op("MatMul", b.op("Softmax", scores, axis=-1), values)                # [B, Hkv, R*T, D]
+        if self.groups == 1:
+            context = b.op("Split", context, axis=2, n_out=2)[0]                          # [B, H, T, D]
         context = b.op("Reshape", context, b.const([0, s.num_heads, -1, s.head_dim]))    # [B, H, T, D]
         context = b.op("Transpose", context, perm=[0, 2, 1, 3])                           # [B, T, H, D]
         return b.op("Reshape", context, b.const([0, 0, s.num_heads * s.head_dim]))

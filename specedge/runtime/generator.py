@@ -34,6 +34,7 @@ class GenerationOptions:
     use_draft: bool = True
     stop: tuple[str, ...] = ()
     chat: bool = False
+    ignore_eos: bool = False        # run to max_new_tokens (benchmarks, tests)
 
 
 @dataclass
@@ -162,6 +163,7 @@ class Generator:
         dft = self.draft if opts.use_draft and opts.k > 0 else None
         warp = Warp(opts.temperature, opts.top_k, opts.top_p)
         rng = np.random.default_rng(opts.seed)
+        eos_ids = set() if opts.ignore_eos else self.eos_ids
         t0 = time.perf_counter()
         tgt.pos = 0
         token = self._pick(tgt.feed(prompt_ids)[-1], warp, rng)              # prefill (chunked)
@@ -171,7 +173,7 @@ class Generator:
         stats.prefill_s = time.perf_counter() - t0
         tokens, n_new = prompt_ids + [token], 1
         yield [token]
-        if token in self.eos_ids:
+        if token in eos_ids:
             stats.stop_reason = "eos"
             return
         while True:
@@ -193,7 +195,7 @@ class Generator:
                 stats.n_target_calls += 1
                 stats.record_step(0, 0, [], new[0])
             new = new[: opts.max_new_tokens - n_new]
-            hit = next((i for i, t in enumerate(new) if t in self.eos_ids), None)
+            hit = next((i for i, t in enumerate(new) if t in eos_ids), None)
             if hit is not None:
                 new = new[: hit + 1]
             tokens += new

@@ -1,0 +1,90 @@
+"""Tiny random models and tokenizers made at test time (fixed seeds, no downloads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+EOS = "<|endoftext|>"
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def byte_tokenizer(chat: bool = False) -> transformers.PreTrainedTokenizerFast:
+    """Byte-level BPE without merges: 256 byte tokens + specials; exercises multi-byte characters."""
+    vocab = {c: i for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    specials = [EOS] + (["<|im_start|>", "<|im_end|>"] if chat else [])
+    for s in specials:
+        vocab[s] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS)
+    if chat:
+        fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def word_tokenizer(n_words: int) -> transformers.PreTrainedTokenizerFast:
+    """A tiny vocabulary: words w0..w{n-2} and the eos token (for distribution tests)."""
+    vocab = {f"w{i}": i for i in range(n_words - 1)}
+    vocab[EOS] = n_words - 1
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=EOS))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([EOS])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS)
+
+
+def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, seed: int = 0):
+    """Configs exercising GQA, q/k/v biases, tied and untied heads, and rope scaling."""
+    common = dict(vocab_size=vocab_rows, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, max_position_embeddings=512)
+    if arch == "qwen2":
+        return transformers.Qwen2Config(num_key_value_heads=2, tie_word_embeddings=True, rope_theta=10000.0, **common)
+    if arch == "llama":
+        return transformers.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=False, rope_theta=500000.0,
+                                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                      "high_freq_factor": 4.0,
+                                                      "original_max_position_embeddings": 64},
+                                        **common)
+    if arch == "mistral":
+        return transformers.MistralConfig(num_key_value_heads=1, tie_word_embeddings=False, sliding_window=None,
+                                          **common)
+    if arch == "gpt2":
+        return transformers.GPT2Config(vocab_size=vocab_rows, n_embd=hidden, n_layer=layers, n_head=4, n_positions=512)
+    raise ValueError(arch)
+
+
+def make_model(arch: str, vocab_rows: int, seed: int, layers: int = 2, hidden: int = 64, init_scale: float = 0.3):
+    torch.manual_seed(seed)
+    cfg = make_config(arch, vocab_rows, layers, hidden)
+    cfg.initializer_range = init_scale    # larger than the default: peaked, varied greedy output
+    cfg.bos_token_id = cfg.eos_token_id = cfg.pad_token_id = min(256, vocab_rows - 1)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():  # init leaves norms at 1 and biases at 0; vary them so mapping mistakes show
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def perturbed(model, seed: int, noise: float):
+    """A copy of `model` with relative Gaussian noise on every weight: a draft that is often right."""
+    torch.manual_seed(seed)
+    copy = type(model)(model.config)
+    copy.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for p in copy.parameters():
+            p.add_(noise * p.std() * torch.randn_like(p))
+    return copy.eval()
+
+
+def save(model, tokenizer, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

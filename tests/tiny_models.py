@@ -15,7 +15,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 
 def byte_tokenizer(chat: bool = False) -> transformers.PreTrainedTokenizerFast:
     """Byte-level BPE without merges: 256 byte tokens + specials; exercises multi-byte characters."""
-    vocab = {c: i for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}  # alphabet() is unordered
     specials = [EOS] + (["<|im_start|>", "<|im_end|>"] if chat else [])
     for s in specials:
         vocab[s] = len(vocab)

@@ -1,0 +1,67 @@
+"""The CLI end to end on a tiny pair, in a fresh process as a user runs it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import tiny_models as tm
+
+
+def specedge(*args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "specedge.cli", *args], capture_output=True, text=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def cli_bundle(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    tok = tm.byte_tokenizer(chat=True)
+    target = tm.make_model("llama", 260, seed=11)
+    tm.save(target, tok, root / "target")
+    tm.save(tm.perturbed(target, seed=12, noise=0.01), tok, root / "draft")
+    proc = specedge("export", "--target", str(root / "target"), "--draft", str(root / "draft"),
+                    "--out", str(root / "bundle"), "--max-seq-len", "128", "--max-draft", "6")
+    for stage in ("reading target", "writing step graph", "checking the graph", "max logit error", "wrote"):
+        assert stage in proc.stderr
+    return root / "bundle"
+
+
+def test_inspect(cli_bundle):
+    out = specedge("inspect", str(cli_bundle), "--verify").stdout
+    assert "LlamaForCausalLM" in out and "max_draft 6" in out and "checksums verified" in out
+    manifest = json.loads(specedge("inspect", str(cli_bundle), "--json").stdout)
+    assert manifest["format_version"] == 1 and set(manifest["models"]) == {"target", "draft"}
+
+
+def test_generate_json_and_baseline(cli_bundle):
+    args = ["generate", str(cli_bundle), "--prompt", "def fib(n):", "--max-new-tokens", "40", "--ignore-eos", "--json"]
+    spec = json.loads(specedge(*args, "--k", "3").stdout)
+    base = json.loads(specedge(*args, "--no-draft").stdout)
+    assert set(spec) == {"text", "tokens", "prompt_tokens", "stats"}
+    assert spec["tokens"] == base["tokens"] and len(spec["tokens"]) == 40
+    assert spec["prompt_tokens"] == len("def fib(n):".encode())
+    assert spec["stats"]["verify_calls"] > 0 and spec["stats"]["mean_accepted_length"] > 1.5
+    assert base["stats"]["drafted_tokens"] == 0 and base["stats"]["mean_accepted_length"] == 1.0
+    for key in ("acceptance_per_position", "tokens_per_s", "time_s", "top_rejections", "drafted_tokens"):
+        assert key in spec["stats"]
+
+
+def test_generate_streams_text_then_stats(cli_bundle):
+    proc = specedge("generate", str(cli_bundle), "--prompt", "héllo", "--max-new-tokens", "20", "--ignore-eos")
+    as_json = json.loads(specedge("generate", str(cli_bundle), "--prompt", "héllo", "--max-new-tokens", "20",
+                                  "--ignore-eos", "--json").stdout)
+    assert proc.stdout == as_json["text"] + "\n"
+    assert "mean accepted length" in proc.stderr and "tok/s" in proc.stderr
+
+
+def test_generate_chat_and_sampling(cli_bundle):
+    args = ["generate", str(cli_bundle), "--prompt", "hi", "--chat", "--max-new-tokens", "10", "--json",
+            "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--seed", "5"]
+    a, b = json.loads(specedge(*args).stdout), json.loads(specedge(*args).stdout)
+    assert a["tokens"] == b["tokens"]
+    # "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n": 3 special tokens + 18 byte tokens
+    assert a["prompt_tokens"] == 21

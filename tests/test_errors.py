@@ -1,0 +1,163 @@
+"""Bad input gets one clear line and a non-zero exit; failed exports leave nothing behind."""
+
+import json
+import shutil
+
+import pytest
+
+import tiny_models as tm
+from specedge.cli import main
+from specedge.errors import BundleError, ExportError
+from specedge.export import export_bundle
+from specedge.runtime import load
+
+
+def run_cli(capsys, *args):
+    """-> (exit code, the error line); progress lines may precede it, a traceback never."""
+    code = main(list(args))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert not any("Traceback" in line for line in lines)
+    errors = [line for line in lines if line.startswith("specedge: error:")]
+    assert len(errors) == (1 if code else 0), lines
+    return code, errors[0] if errors else ""
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--k", "-1"], "--k"),
+    (["--k", "9"], "max_draft 8"),
+    (["--temperature", "-0.5"], "--temperature"),
+    (["--top-p", "0"], "--top-p"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--top-k", "-2"], "--top-k"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--k", "abc"], "--k"),
+])
+def test_invalid_generate_options(capsys, arch_bundles, args, message):
+    code, err = run_cli(capsys, "generate", str(arch_bundles["qwen2"]), "--prompt", "x", *args)
+    assert code == 2
+    assert err.startswith("specedge: error:") and message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_missing_bundle(capsys, tmp_path):
+    code, err = run_cli(capsys, "generate", str(tmp_path / "nope"), "--prompt", "x")
+    assert code == 1 and "no such bundle" in err and "\n" not in err
+
+
+def test_prompt_too_long(capsys, arch_bundles):
+    code, err = run_cli(capsys, "generate", str(arch_bundles["qwen2"]), "--prompt", "x" * 300)
+    assert code == 1 and "max_seq_len 256" in err and "\n" not in err
+
+
+@pytest.fixture
+def bundle_copy(arch_bundles, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(arch_bundles["gpt2"], dst)
+    return dst
+
+
+def test_unknown_format_version(bundle_copy):
+    manifest = json.loads((bundle_copy / "manifest.json").read_text())
+    manifest["format_version"] = 99
+    (bundle_copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="format version 99 is not supported"):
+        load(bundle_copy)
+
+
+def test_corrupt_manifest(bundle_copy):
+    (bundle_copy / "manifest.json").write_text("{not json")
+    with pytest.raises(BundleError, match="corrupt manifest"):
+        load(bundle_copy)
+
+
+def test_missing_weights(bundle_copy):
+    (bundle_copy / "draft.onnx.data").unlink()
+    with pytest.raises(BundleError, match="missing file draft.onnx.data"):
+        load(bundle_copy)
+
+
+def test_truncated_weights(bundle_copy):
+    path = bundle_copy / "target.onnx.data"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(BundleError, match="target.onnx.data is corrupt"):
+        load(bundle_copy)
+
+
+def test_garbled_graph_same_size(bundle_copy, capsys):
+    path = bundle_copy / "target.onnx"
+    path.write_bytes(b"\x07" * path.stat().st_size)
+    with pytest.raises(BundleError, match="cannot load model"):
+        load(bundle_copy)
+    code, err = run_cli(capsys, "inspect", str(bundle_copy), "--verify")
+    assert code == 1 and "checksum mismatch" in err
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sources")
+    tok = tm.byte_tokenizer()
+    target = tm.save(tm.make_model("qwen2", 260, seed=1), tok, root / "target")
+    return root, target
+
+
+def _assert_nothing_left(parent, name):
+    assert not (parent / name).exists()
+    assert not [p for p in parent.iterdir() if p.name.startswith(f".{name}.export-")]
+
+
+def test_failed_check_leaves_no_bundle(sources, tmp_path):
+    _, target = sources
+    with pytest.raises(ExportError, match="differs from transformers"):
+        export_bundle(str(target), str(target), tmp_path / "b", max_seq_len=64, tolerance=-1.0, progress=None)
+    _assert_nothing_left(tmp_path, "b")
+
+
+def test_failed_export_keeps_existing_bundle(sources, tmp_path):
+    _, target = sources
+    out = export_bundle(str(target), None, tmp_path / "b", max_seq_len=64, progress=None)
+    before = (out / "manifest.json").read_text()
+    with pytest.raises(ExportError):
+        export_bundle(str(target), str(target), out, max_seq_len=64, tolerance=-1.0, force=True, progress=None)
+    assert (out / "manifest.json").read_text() == before
+    assert not [p for p in tmp_path.iterdir() if ".export-" in p.name]
+
+
+def test_unsupported_architecture(sources, tmp_path):
+    root, _ = sources
+    folder = tm.save(tm.make_model("qwen2", 260, seed=1), tm.byte_tokenizer(), root / "odd")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["architectures"] = ["FalconForCausalLM"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ExportError, match="unsupported architecture FalconForCausalLM; supported: LlamaForCausalLM"):
+        export_bundle(str(folder), None, tmp_path / "b", max_seq_len=64, progress=None)
+    _assert_nothing_left(tmp_path, "b")
+
+
+def test_vocabulary_mismatch(sources, tmp_path):
+    root, target = sources
+    other = tm.save(tm.make_model("qwen2", 20, seed=2), tm.word_tokenizer(20), root / "words")
+    with pytest.raises(ExportError, match="vocabularies differ"):
+        export_bundle(str(target), str(other), tmp_path / "b", max_seq_len=64, progress=None)
+    _assert_nothing_left(tmp_path, "b")
+
+
+def test_export_cli_errors(capsys, sources, tmp_path):
+    _, target = sources
+    code, err = run_cli(capsys, "export", "--target", str(tmp_path / "missing"), "--draft", "none",
+                        "--out", str(tmp_path / "b"))
+    assert code == 1 and "no such file or folder" in err and "\n" not in err
+    code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(tmp_path / "b"),
+                        "--max-draft", "0")
+    assert code == 1 and "--max-draft" in err
+    (tmp_path / "notabundle").mkdir()
+    code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none",
+                        "--out", str(tmp_path / "notabundle"), "--force")
+    assert code == 1 and "not a bundle" in err
+    _assert_nothing_left(tmp_path, "b")
+
+
+def test_target_only_bundle_refuses_speculation(sources, tmp_path, capsys):
+    _, target = sources
+    out = export_bundle(str(target), None, tmp_path / "solo", max_seq_len=64, progress=None)
+    assert load(out).generate("ab", max_new_tokens=5, k=0).stats.new_tokens >= 1
+    code, err = run_cli(capsys, "generate", str(out), "--prompt", "ab")
+    assert code == 2 and "no draft model" in err

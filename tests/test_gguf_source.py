@@ -1,0 +1,86 @@
+"""A GGUF file as the source: a tiny Qwen2 written with the gguf package (f32 and Q8_0 tensors)."""
+
+import gguf
+import numpy as np
+import pytest
+
+import tiny_models as tm
+from tokenizers import pre_tokenizers
+from specedge.export import export_bundle
+from specedge.runtime import load
+
+HF_TO_GGUF = {
+    "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+LAYER = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def _gguf_name(name: str) -> str:
+    if name in HF_TO_GGUF:
+        return HF_TO_GGUF[name]
+    _, _, i, rest = name.split(".", 3)
+    return f"blk.{i}.{LAYER[rest]}"
+
+
+def write_gguf(model, path, quantize: bool):
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"] if hasattr(cfg, "rope_parameters") else cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    tokens = [*sorted(pre_tokenizers.ByteLevel.alphabet()), "Ġt", tm.EOS]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 1) + [3])
+    w.add_token_merges(["Ġ t"])
+    w.add_eos_token_id(len(tokens) - 1)
+    w.add_bos_token_id(len(tokens) - 1)
+    for name, tensor in model.state_dict().items():
+        array = tensor.float().numpy()
+        if quantize and array.ndim == 2:
+            w.add_tensor(_gguf_name(name), gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(_gguf_name(name), array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def gguf_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf")
+    model = tm.make_model("qwen2", 258, seed=21)
+    model.config.tie_word_embeddings = False
+    write_gguf(model, root / "tiny-f32.gguf", quantize=False)
+    write_gguf(model, root / "tiny-q8.gguf", quantize=True)
+    return root
+
+
+def test_gguf_f32_export_matches_transformers(gguf_models):
+    out = export_bundle(str(gguf_models / "tiny-f32.gguf"), str(gguf_models / "tiny-q8.gguf"),
+                        gguf_models / "bundle", max_seq_len=64, progress=None)
+    gen = load(out)
+    for role in ("target", "draft"):
+        check = gen.manifest["models"][role]["export_check"]
+        assert check["max_abs_logit_error"] < 1e-3 and gen.manifest["models"][role]["source_kind"] == "gguf"
+    base = gen.generate("the cat", max_new_tokens=40, k=0, ignore_eos=True)
+    spec = gen.generate("the cat", max_new_tokens=40, k=4, ignore_eos=True)
+    assert spec.tokens == base.tokens
+    assert spec.stats.acceptance_per_position[0] > 0.5       # the Q8_0 draft mostly agrees with its f32 self
+    assert gen.manifest["eos_token_ids"] == [257]

@@ -51,3 +51,45 @@ def test_stats_are_consistent(gens):
     assert s.accepted_at == sorted(s.accepted_at, reverse=True)   # position i+1 accepted only after i
     j = s.to_json()
     assert j["time_s"]["draft"] > 0 and j["time_s"]["verify"] > 0 and j["tokens_per_s"] > 0
+
+
+def test_long_prompt_is_prefilled_in_chunks(gens):
+    gen = gens["good"]
+    prompt = "def add(a, b):\n    return a + b\n" * 5                    # 160 byte tokens: 3 prefill chunks
+    assert len(gen.encode(prompt)) > 2 * 64
+    base = gen.generate(prompt, max_new_tokens=60, k=0, use_draft=False, ignore_eos=True)
+    spec = gen.generate(prompt, max_new_tokens=60, k=4, ignore_eos=True)
+    assert spec.tokens == base.tokens and len(base.tokens) == 60
+
+
+@pytest.mark.parametrize("k", [0, 3, 8])
+def test_stops_at_the_end_of_the_buffer(gens, k):
+    gen = gens["good"]
+    prompt = "x" * 200                                               # max_seq_len is 256
+    result = gen.generate(prompt, max_new_tokens=100, k=k, use_draft=k > 0, ignore_eos=True)
+    assert result.stats.stop_reason == "max_seq_len"
+    assert len(result.tokens) == 256 - 200 + 1                       # the last token never needs a slot
+    if k:
+        base = gen.generate(prompt, max_new_tokens=100, k=0, use_draft=False, ignore_eos=True)
+        assert result.tokens == base.tokens
+
+
+def test_eos_and_stop_strings(gens):
+    gen = gens["good"]
+    base = gen.generate("abc", max_new_tokens=60, k=0, use_draft=False, ignore_eos=True)
+    text = base.text
+    stop = text[10:13]
+    cut = gen.generate("abc", max_new_tokens=60, k=4, stop=[stop], ignore_eos=True)
+    assert cut.stats.stop_reason == "stop_string" and cut.text == text[: text.index(stop)]
+    streamed = "".join(gen.stream("abc", max_new_tokens=60, k=4, stop=[stop], ignore_eos=True))
+    assert streamed == cut.text
+    # make the 5th generated token an eos id: generation ends right after it, with or without a draft
+    assert base.tokens[4] not in gen.eos_ids
+    gen.eos_ids.add(base.tokens[4])
+    try:
+        for k in (0, 4):
+            r = gen.generate("abc", max_new_tokens=60, k=k, use_draft=k > 0)
+            first = base.tokens.index(base.tokens[4])
+            assert r.tokens == base.tokens[: first + 1] and r.stats.stop_reason == "eos"
+    finally:
+        gen.eos_ids.discard(base.tokens[4])

@@ -12,7 +12,9 @@ from tokenizers import Tokenizer
 
 from specedge.errors import BundleError, OptionError, SpecedgeError
 from specedge.runtime.chat import render_chat
+from specedge.runtime.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specedge.runtime.manifest import read_manifest
+from specedge.runtime.policies import make_policy
 from specedge.runtime.sampling import Warp, draw
 from specedge.runtime.stats import GenerationStats
 from specedge.runtime.step_model import StepModel
@@ -35,6 +37,8 @@ class GenerationOptions:
     stop: tuple[str, ...] = ()
     chat: bool = False
     ignore_eos: bool = False        # run to max_new_tokens (benchmarks, tests)
+    policy: str | None = None       # "fixed:K", "heuristic", "adaptive", "ngram", "hybrid", "target";
+                                    # None: fixed k (or the target alone when k = 0 or use_draft is False)
 
 
 @dataclass
@@ -72,6 +76,7 @@ class Generator:
         self.draft = (StepModel(self.path / models["draft"]["file"], models["draft"], self.max_seq_len,
                                 self.vocab_size, max_step, threads) if "draft" in models else None)
         self.last_result: GenerationResult | None = None
+        self._policies: dict[str, tuple] = {}
 
     # -- public API ---------------------------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -117,8 +122,10 @@ class Generator:
             raise OptionError(f"top_p must be in (0, 1], got {opts.top_p}")
         if not 0 <= opts.k <= self.max_draft:
             raise OptionError(f"k must be between 0 and the bundle's max_draft {self.max_draft}, got {opts.k}")
-        if opts.use_draft and opts.k > 0 and self.draft is None:
+        if opts.use_draft and opts.k > 0 and self.draft is None and opts.policy is None:
             raise OptionError("this bundle has no draft model; use --no-draft or k=0")
+        if opts.policy is not None:
+            make_policy(opts.policy, self.max_draft)          # validates the name
         return opts
 
     def _stream_ids(self, prompt_ids: list[int], opts: GenerationOptions) -> Iterator[str]:
@@ -157,19 +164,43 @@ class Generator:
             return int(logits_row.argmax())
         return draw(warp.probs(logits_row[None])[0], rng)
 
+    def _strategy(self, opts: GenerationOptions):
+        """-> (policy, drafter or None) for a request; policies persist per name so they keep learning."""
+        spec = opts.policy or (f"fixed:{opts.k}" if opts.use_draft and opts.k > 0 else "target")
+        if not opts.use_draft:
+            spec = "target"
+        if spec not in self._policies:
+            self._policies[spec] = make_policy(spec, self.max_draft)
+        policy, kind = self._policies[spec]
+        if kind in ("model", "hybrid") and self.draft is None:
+            raise OptionError(f"policy '{spec}' needs a draft model and this bundle has none; "
+                              "use --no-draft or the ngram policy")
+        drafter = {"none": lambda: None,
+                   "model": lambda: ModelDrafter(self.draft),
+                   "ngram": lambda: NgramDrafter(self.vocab_size),
+                   "hybrid": lambda: HybridDrafter(NgramDrafter(self.vocab_size), ModelDrafter(self.draft))}[kind]()
+        return policy, drafter
+
+    def reset_policies(self) -> None:
+        """Forgets what the policies learned (acceptance and cost estimates, heuristic k)."""
+        self._policies.clear()
+
+    def policy(self, spec: str):
+        """The live policy object behind a policy name (for inspection, e.g. the adaptive estimates)."""
+        return self._policies[spec][0]
+
     def _decode(self, prompt_ids: list[int], opts: GenerationOptions, stats: GenerationStats) -> Iterator[list[int]]:
         """Yields the tokens committed by each step until eos, max_new_tokens or the end of the buffer."""
         tgt = self.target
-        dft = self.draft if opts.use_draft and opts.k > 0 else None
+        policy, drafter = self._strategy(opts)
         warp = Warp(opts.temperature, opts.top_k, opts.top_p)
         rng = np.random.default_rng(opts.seed)
         eos_ids = set() if opts.ignore_eos else self.eos_ids
         t0 = time.perf_counter()
         tgt.pos = 0
         token = self._pick(tgt.feed(prompt_ids)[-1], warp, rng)              # prefill (chunked)
-        if dft is not None:
-            dft.pos = 0
-            dft.feed(prompt_ids)
+        if drafter is not None:
+            drafter.start(prompt_ids)
         stats.prefill_s = time.perf_counter() - t0
         tokens, n_new = prompt_ids + [token], 1
         yield [token]
@@ -185,15 +216,9 @@ class Generator:
                 return
             assert tgt.pos == len(tokens) - 1, (tgt.pos, len(tokens))
             room = self.max_seq_len - tgt.pos - 1                              # verify writes 1 + k slots
-            k = min(opts.k, opts.max_new_tokens - n_new - 1, room) if dft is not None else 0
-            if k > 0:
-                new = self._speculate(tokens, k, warp, rng, stats)
-            else:
-                t = time.perf_counter()
-                new = [self._pick(tgt.feed(tokens[tgt.pos:])[-1], warp, rng)]
-                stats.verify_s += time.perf_counter() - t
-                stats.n_target_calls += 1
-                stats.record_step(0, 0, [], new[0])
+            k_max = min(self.max_draft, opts.max_new_tokens - n_new - 1, room)
+            k = policy.next_k(k_max) if drafter is not None and k_max > 0 else 0
+            new = self._step(tokens, k, drafter, policy, warp, rng, stats)
             new = new[: opts.max_new_tokens - n_new]
             hit = next((i for i, t in enumerate(new) if t in eos_ids), None)
             if hit is not None:
@@ -205,37 +230,35 @@ class Generator:
                 stats.stop_reason = "eos"
                 return
 
-    def _speculate(self, tokens: list[int], k: int, warp: Warp, rng: np.random.Generator,
-                   stats: GenerationStats) -> list[int]:
-        """One speculative step: k draft tokens, one target call, the accepted prefix + the target's token."""
-        tgt, dft = self.target, self.draft
-        # 1. draft: catch up on committed tokens it has not seen (1 or 2), then propose k tokens
+    def _step(self, tokens: list[int], k: int, drafter, policy, warp: Warp, rng: np.random.Generator,
+              stats: GenerationStats) -> list[int]:
+        """One decode step: up to k drafts, one target call, the accepted prefix + the target's token."""
+        tgt = self.target
+        # 1. draft: up to k proposals (a drafter may find fewer, an n-gram drafter none)
         t = time.perf_counter()
-        logits = dft.feed(tokens[dft.pos:])
-        drafts, q_rows = [], []
-        for i in range(k):
-            if warp.greedy:
-                drafts.append(int(logits[-1].argmax()))
-            else:
-                q_rows.append(warp.probs(logits[-1:])[0])
-                drafts.append(draw(q_rows[-1], rng))
-            if i < k - 1:
-                logits = dft.feed(drafts[-1:])
-        stats.draft_s += time.perf_counter() - t
-        stats.n_draft_calls += k
+        drafts, q = drafter.propose(tokens, k, warp, rng) if k > 0 else ([], None)
+        draft_s = time.perf_counter() - t
+        if drafts and drafter.kind != "ngram":
+            stats.n_draft_calls += len(drafts)
         # 2. verify: the target scores [pending token, d1..dk] in one call -> rows [k + 1, V]
         t = time.perf_counter()
         base = tgt.pos
-        rows = tgt.feed(tokens[base:] + drafts)[-(k + 1):]
+        rows = tgt.feed(tokens[base:] + drafts)[-(len(drafts) + 1):]
         # 3. accept: the target decides every token
-        if warp.greedy:
+        if not drafts:
+            n, token = 0, self._pick(rows[-1], warp, rng)
+        elif warp.greedy:
             n, token = accept_greedy(drafts, rows)
         else:
-            n, token = accept_sampled(drafts, np.stack(q_rows), warp.probs(rows), rng)
-        stats.verify_s += time.perf_counter() - t
-        stats.n_target_calls += 1
+            n, token = accept_sampled(drafts, q, warp.probs(rows), rng)
+        verify_s = time.perf_counter() - t
         # 4. rewind: keep the K/V of accepted tokens only; stale slots are masked, overwritten later
         tgt.pos = base + 1 + n
-        dft.pos = min(dft.pos, base + 1 + n)
-        stats.record_step(k, n, drafts, token)
+        if drafter is not None:
+            drafter.commit(tgt.pos)
+        policy.observe(len(drafts), n, draft_s, verify_s, 1 + len(drafts))
+        stats.draft_s += draft_s
+        stats.verify_s += verify_s
+        stats.n_target_calls += 1
+        stats.record_step(len(drafts), n, drafts, token)
         return drafts[:n] + [token]

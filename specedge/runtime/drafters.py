@@ -1,0 +1,97 @@
+"""Drafters propose up to k tokens after the committed ones; the target decides.
+
+`propose` returns the drafts and, when sampling, the distributions q they were drawn from ([n, V]);
+a deterministic drafter (n-gram lookup) proposes with q one-hot, which keeps speculative sampling
+exact: the draft is accepted with probability p(d), else the token is drawn from p without d.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specedge.runtime.sampling import Warp, draw
+from specedge.runtime.step_model import StepModel
+
+
+class ModelDrafter:
+    """A draft model with its own static KV buffers; catches up on committed tokens it has not seen."""
+
+    kind = "model"
+
+    def __init__(self, model: StepModel):
+        self.model = model
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.model.pos = 0
+        self.model.feed(prompt_ids)
+
+    def propose(self, tokens: list[int], k: int, warp: Warp, rng: np.random.Generator):
+        dft = self.model
+        logits = dft.feed(tokens[dft.pos:])                      # the 1-2 committed tokens it lacks
+        drafts, q_rows = [], []
+        for i in range(k):
+            if warp.greedy:
+                drafts.append(int(logits[-1].argmax()))
+            else:
+                q_rows.append(warp.probs(logits[-1:])[0])
+                drafts.append(draw(q_rows[-1], rng))
+            if i < k - 1:
+                logits = dft.feed(drafts[-1:])
+        return drafts, (np.stack(q_rows) if q_rows else None)
+
+    def commit(self, n_valid: int) -> None:
+        """The first n_valid tokens are committed and in the target's buffer; drop the rest."""
+        self.model.pos = min(self.model.pos, n_valid)
+
+
+class NgramDrafter:
+    """Prompt lookup: continue the most recent earlier occurrence of the longest matching suffix."""
+
+    kind = "ngram"
+
+    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1):
+        self.vocab_size, self.max_ngram, self.min_ngram = vocab_size, max_ngram, min_ngram
+
+    def start(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        seq = np.asarray(tokens, dtype=np.int64)
+        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
+            windows = np.lib.stride_tricks.sliding_window_view(seq[:-1], n)      # [L - n, n], excludes the suffix
+            hits = np.flatnonzero((windows == seq[-n:]).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                return seq[start:start + k].tolist()
+        return []
+
+    def propose(self, tokens: list[int], k: int, warp: Warp, rng: np.random.Generator):
+        drafts = self.lookup(tokens, k)
+        if warp.greedy or not drafts:
+            return drafts, None
+        q = np.zeros((len(drafts), self.vocab_size))
+        q[np.arange(len(drafts)), drafts] = 1.0
+        return drafts, q
+
+    def commit(self, n_valid: int) -> None:
+        pass
+
+
+class HybridDrafter:
+    """n-gram proposals where the committed text repeats itself, the draft model otherwise."""
+
+    kind = "hybrid"
+
+    def __init__(self, ngram: NgramDrafter, model: ModelDrafter, min_match: int = 2):
+        self.ngram, self.model = ngram, model
+        self.ngram.min_ngram = min_match
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self.model.start(prompt_ids)
+
+    def propose(self, tokens, k, warp, rng):
+        drafts, q = self.ngram.propose(tokens, k, warp, rng)
+        return (drafts, q) if drafts else self.model.propose(tokens, k, warp, rng)
+
+    def commit(self, n_valid: int) -> None:
+        self.model.commit(n_valid)

@@ -1,0 +1,172 @@
+"""Speculation policies: how many tokens to draft before the next verify call.
+
+Every policy sees the same feedback after each step (`observe`): how many drafts were proposed and
+accepted, and what the draft steps and the verify call cost, with the verify call's total token count
+(so a batched server can reuse the cost model). k = 0 means a plain target step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from specedge.errors import OptionError
+
+
+class Policy:
+    name = "policy"
+
+    def next_k(self, max_k: int) -> int:
+        raise NotImplementedError
+
+    def observe(self, k: int, n_accepted: int, draft_s: float, verify_s: float, verify_tokens: int) -> None:
+        pass
+
+
+class FixedPolicy(Policy):
+    def __init__(self, k: int):
+        self.k, self.name = k, f"fixed:{k}"
+
+    def next_k(self, max_k: int) -> int:
+        return min(self.k, max_k)
+
+
+class HeuristicPolicy(Policy):
+    """Hugging Face assisted generation: +2 after a step where every draft was accepted, -1 otherwise."""
+
+    name = "heuristic"
+
+    def __init__(self, start: int = 5, limit: int = 8):
+        self.k, self.limit = start, limit
+
+    def next_k(self, max_k: int) -> int:
+        return min(self.k, max_k, self.limit)
+
+    def observe(self, k, n_accepted, draft_s, verify_s, verify_tokens):
+        if k == 0:
+            return
+        self.k = min(self.k + 2, self.limit) if n_accepted == k else max(1, self.k - 1)
+
+
+@dataclass
+class CostModel:
+    """Seconds per draft step, and seconds per verify call as a function of its token count.
+
+    Verify costs are kept as an exponential average per token count; an unseen count is read off the
+    least-squares line through the seen ones (verification is close to linear in tokens on a CPU).
+    """
+
+    decay: float = 0.9
+    draft_step_s: float | None = None
+    verify_s: dict[int, float] = field(default_factory=dict)
+
+    def observe_draft(self, seconds_per_step: float) -> None:
+        self.draft_step_s = _ema(self.draft_step_s, seconds_per_step, self.decay)
+
+    def observe_verify(self, tokens: int, seconds: float) -> None:
+        self.verify_s[tokens] = _ema(self.verify_s.get(tokens), seconds, self.decay)
+
+    def verify(self, tokens: int) -> float | None:
+        if tokens in self.verify_s:
+            return self.verify_s[tokens]
+        if not self.verify_s:
+            return None
+        if len(self.verify_s) == 1:
+            (t0, c0), = self.verify_s.items()
+            return c0 * (1 + 0.05 * (tokens - t0))   # assume verification nearly free per extra token
+        xs, ys = zip(*self.verify_s.items())
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        return max(my + max(slope, 0.0) * (tokens - mx), 1e-9)
+
+
+def _ema(old: float | None, new: float, decay: float) -> float:
+    return new if old is None else decay * old + (1 - decay) * new
+
+
+class AdaptivePolicy(Policy):
+    """Picks k in [0, max_k] maximising expected tokens per second, E(k) / cost(k).
+
+    E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j, where a_j is the probability that draft position j is
+    accepted given that positions before it were: a Beta estimate with a prior (so it starts sensibly)
+    and forgetting (so it follows a change). cost(k) = k * draft step + verify(k + 1 tokens).
+    While k = 0 wins, it still probes with k = 1 every `probe_every` steps, so it notices when the
+    draft becomes useful again.
+    """
+
+    name = "adaptive"
+
+    def __init__(self, max_draft: int, prior_accept: float = 0.6, prior_weight: float = 2.0, forget: float = 0.97,
+                 probe_every: int = 16, warmup_k: int = 4, costs: CostModel | None = None):
+        self.max_draft, self.forget, self.probe_every, self.warmup_k = max_draft, forget, probe_every, warmup_k
+        self.accepted = [prior_accept * prior_weight] * max_draft    # pseudo-counts per position
+        self.tried = [prior_weight] * max_draft
+        self.prior = (prior_accept * prior_weight, prior_weight)
+        self.costs = costs or CostModel()
+        self.since_probe = 0
+
+    def acceptance(self) -> list[float]:
+        return [a / t for a, t in zip(self.accepted, self.tried)]
+
+    def expected_tokens(self, k: int) -> float:
+        total, run = 1.0, 1.0
+        for a in self.acceptance()[:k]:
+            run *= a
+            total += run
+        return total
+
+    def step_cost(self, k: int) -> float | None:
+        verify = self.costs.verify(k + 1)
+        if verify is None or (k > 0 and self.costs.draft_step_s is None):
+            return None
+        return verify + (k * self.costs.draft_step_s if k else 0.0)
+
+    def next_k(self, max_k: int) -> int:
+        max_k = min(max_k, self.max_draft)
+        costs = [self.step_cost(k) for k in range(max_k + 1)]
+        if max_k >= 1 and any(c is None for c in costs[1:]):
+            return min(self.warmup_k, max_k)                       # no cost estimates yet: measure first
+        best = max(range(max_k + 1), key=lambda k: self.expected_tokens(k) / costs[k] if costs[k] else -math.inf)
+        if best == 0 and max_k >= 1:
+            self.since_probe += 1
+            if self.since_probe >= self.probe_every:
+                self.since_probe = 0
+                return 1
+        return best
+
+    def observe(self, k, n_accepted, draft_s, verify_s, verify_tokens):
+        self.costs.observe_verify(verify_tokens, verify_s)
+        if k == 0:
+            return
+        self.costs.observe_draft(draft_s / k)
+        # position i was tried iff all before it were accepted; forgetting pulls towards the prior
+        a0, t0 = self.prior
+        for i in range(min(k, n_accepted + 1)):
+            self.accepted[i] = self.forget * self.accepted[i] + (1 - self.forget) * a0 + (1.0 if i < n_accepted else 0.0)
+            self.tried[i] = self.forget * self.tried[i] + (1 - self.forget) * t0 + 1.0
+
+
+POLICY_NAMES = ("target", "fixed:K", "heuristic", "adaptive", "ngram", "hybrid")
+
+
+def make_policy(spec: str, max_draft: int) -> tuple[Policy, str]:
+    """'fixed:4' | 'heuristic' | 'adaptive' | 'target' | 'ngram[:K]' | 'hybrid[:K]' -> (policy, drafter kind).
+
+    ngram and hybrid pick k like `adaptive` unless given a fixed K.
+    """
+    name, _, arg = spec.partition(":")
+    if name == "target":
+        return FixedPolicy(0), "none"
+    if name in ("fixed", "ngram", "hybrid") and arg:
+        try:
+            k = int(arg)
+        except ValueError:
+            raise OptionError(f"policy '{spec}': K must be an integer") from None
+        if not 0 <= k <= max_draft:
+            raise OptionError(f"policy '{spec}': K must be between 0 and the bundle's max_draft {max_draft}")
+        return FixedPolicy(k), {"fixed": "model"}.get(name, name)
+    if name == "heuristic" and not arg:
+        return HeuristicPolicy(limit=max_draft, start=min(5, max_draft)), "model"
+    if name in ("adaptive", "ngram", "hybrid") and not arg:
+        return AdaptivePolicy(max_draft), {"adaptive": "model"}.get(name, name)
+    raise OptionError(f"unknown policy '{spec}' (known: {', '.join(POLICY_NAMES)})")

@@ -49,12 +49,14 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, force):
 @click.option("--seed", default=None, type=int, help="Makes a sampled run reproducible.")
 @click.option("--k", "k", default=4, show_default=True, type=int, help="Draft tokens per verify call.")
 @click.option("--no-draft", is_flag=True, help="Target alone (the baseline).")
+@click.option("--policy", default=None,
+              help="fixed:K | heuristic | adaptive | ngram[:K] | hybrid[:K] | target (default: fixed --k).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @click.option("--threads", default=None, type=int, help="onnxruntime intra-op threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, prompt_tokens, stats.")
-def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed, k, no_draft, stop, ignore_eos,
-             threads, as_json):
+def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed, k, no_draft, policy, stop,
+             ignore_eos, threads, as_json):
     """Generate a completion, streaming it, then print the stats."""
     from specedge.runtime import load
 
@@ -63,7 +65,8 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
         prompt = sys.stdin.read()
     gen = load(bundle, threads=threads)
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                   k=0 if no_draft else k, use_draft=not no_draft, stop=stop, chat=chat, ignore_eos=ignore_eos)
+                   k=0 if no_draft else k, use_draft=not no_draft, stop=stop, chat=chat, ignore_eos=ignore_eos,
+                   policy=policy)
     if as_json:
         result = gen.generate(prompt, **options)
         click.echo(json.dumps(result.to_json(gen.decode), ensure_ascii=False))
@@ -72,6 +75,51 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
         click.echo(piece, nl=False)
     click.echo()
     click.echo(format_stats(gen.last_result.stats.to_json(gen.decode)), err=True)
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path())
+@click.option("--prompts", "prompts_file", default=None, type=click.Path(dir_okay=False),
+              help="JSONL, one {\"prompt\": ..., \"chat\": false} per line (default: a built-in code set).")
+@click.option("--policies", default=None, help="Comma-separated (default: all; 'target' is always run).")
+@click.option("--max-new-tokens", default=128, show_default=True, type=int)
+@click.option("--temperature", default=0.0, show_default=True, type=float)
+@click.option("--seed", default=None, type=int)
+@click.option("--repeat", default=1, show_default=True, type=int)
+@click.option("--out", default="bench-out", show_default=True, type=click.Path(file_okay=False))
+@click.option("--threads", default=None, type=int)
+def bench(bundle, prompts_file, policies, max_new_tokens, temperature, seed, repeat, out, threads):
+    """Run every policy on the same prompts, side by side, and report acceptance, speed and time split."""
+    from pathlib import Path
+
+    from specedge.bench import load_prompts, run_bench
+    from specedge.bench.report import plots, table
+    from specedge.bench.runner import DEFAULT_POLICIES, write_results
+    from specedge.runtime import load
+
+    _check_sampling(max_new_tokens, temperature, 0, 1.0, 0, threads)
+    if repeat < 1:
+        raise click.BadParameter(f"must be >= 1, got {repeat}", param_hint="--repeat")
+    names = [p.strip() for p in (policies or DEFAULT_POLICIES).split(",") if p.strip()]
+    prompts = load_prompts(prompts_file)
+    gen = load(bundle, threads=threads)
+    if gen.draft is None:
+        names = [n for n in names if n.split(":")[0] in ("target", "ngram")]
+
+    def progress(done, total, label):
+        width = 30
+        bar = "#" * (width * done // total) + "." * (width - width * done // total)
+        click.echo(f"\r[{bar}] {done}/{total} {label:<60}", err=True, nl=done == total)
+
+    results = run_bench(gen, prompts, names, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                        repeat=repeat, progress=progress)
+    out = Path(out)
+    path = write_results(results, out)
+    click.echo(table(results))
+    written = plots(results, out)
+    if written is None:
+        click.echo("plots skipped: matplotlib is not installed (pip install 'specedge[plots]')", err=True)
+    click.echo(f"wrote {path}" + (f" and {len(written)} plots" if written else ""), err=True)
 
 
 @cli.command()

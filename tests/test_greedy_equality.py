@@ -93,3 +93,26 @@ def test_eos_and_stop_strings(gens):
             assert r.tokens == base.tokens[: first + 1] and r.stats.stop_reason == "eos"
     finally:
         gen.eos_ids.discard(base.tokens[4])
+
+
+@pytest.mark.parametrize("pair", ["good", "bad-llama"])
+@pytest.mark.parametrize("policy", ["heuristic", "adaptive", "ngram", "ngram:4", "hybrid", "hybrid:3"])
+def test_every_policy_keeps_greedy_exact(gens, pair, policy):
+    gen = gens[pair]
+    prompt = "for i in range(10):\n    print(i)\n" * 2                # repeats itself: n-gram matches exist
+    baseline = gen.generate(prompt, max_new_tokens=100, k=0, use_draft=False, ignore_eos=True)
+    result = gen.generate(prompt, max_new_tokens=100, policy=policy, ignore_eos=True)
+    assert result.tokens == baseline.tokens
+    assert result.stats.n_drafted > 0
+
+
+def test_ngram_runs_without_a_draft_model(tmp_path, workdir):
+    import tiny_models as tm
+    from specedge.export import export_bundle
+
+    folder = tm.save(tm.make_model("qwen2", 260, seed=1), tm.byte_tokenizer(), tmp_path / "t")
+    solo = load(export_bundle(str(folder), None, tmp_path / "solo", max_seq_len=256, progress=None))
+    prompt = "abcabcabcabc"
+    baseline = solo.generate(prompt, max_new_tokens=50, k=0, ignore_eos=True)
+    result = solo.generate(prompt, max_new_tokens=50, policy="ngram", ignore_eos=True)
+    assert result.tokens == baseline.tokens and result.stats.n_drafted > 0

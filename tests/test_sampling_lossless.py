@@ -104,3 +104,8 @@ def test_seed_makes_runs_reproducible(gen):
     assert a.tokens == b.tokens
     runs = {tuple(gen.generate_ids(PROMPT, max_new_tokens=12, seed=s, k=2, **WARP).tokens) for s in range(5)}
     assert len(runs) > 1
+
+
+@pytest.mark.parametrize("policy", ["ngram:3", "hybrid:3", "heuristic"])
+def test_other_drafters_sample_losslessly(gen, joint, policy):
+    assert _pvalue(_samples(gen, policy=policy), joint) > 1e-3

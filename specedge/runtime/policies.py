@@ -73,7 +73,7 @@ class CostModel:
             return None
         if len(self.verify_s) == 1:
             (t0, c0), = self.verify_s.items()
-            return c0 * (1 + 0.05 * (tokens - t0))   # assume verification nearly free per extra token
+            return c0 * (1 + 0.1 * (tokens - t0))  # prior: +10% per extra token (memory-bound CPU)
         xs, ys = zip(*self.verify_s.items())
         mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
@@ -90,15 +90,19 @@ class AdaptivePolicy(Policy):
     E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j, where a_j is the probability that draft position j is
     accepted given that positions before it were: a Beta estimate with a prior (so it starts sensibly)
     and forgetting (so it follows a change). cost(k) = k * draft step + verify(k + 1 tokens).
-    While k = 0 wins, it still probes with k = 1 every `probe_every` steps, so it notices when the
-    draft becomes useful again.
+    A position never tried yet borrows the estimate of the last tried one, and every `explore_every`
+    steps it tries one more (then one fewer) than the best k, so the costs of other verify sizes and the
+    acceptance of deeper positions get measured. While k = 0 wins, it still probes with k = 1 every
+    `probe_every` steps, so it notices when the draft becomes useful again.
     """
 
     name = "adaptive"
 
-    def __init__(self, max_draft: int, prior_accept: float = 0.6, prior_weight: float = 2.0, forget: float = 0.97,
-                 probe_every: int = 16, warmup_k: int = 4, costs: CostModel | None = None):
+    def __init__(self, max_draft: int, prior_accept: float = 0.8, prior_weight: float = 1.0, forget: float = 0.97,
+                 probe_every: int = 16, explore_every: int = 4, warmup_k: int = 4, costs: CostModel | None = None):
         self.max_draft, self.forget, self.probe_every, self.warmup_k = max_draft, forget, probe_every, warmup_k
+        self.explore_every, self.steps, self.explore_up = explore_every, 0, True
+        self.observed = [0.0] * max_draft                             # decayed count of real tries
         self.accepted = [prior_accept * prior_weight] * max_draft    # pseudo-counts per position
         self.tried = [prior_weight] * max_draft
         self.prior = (prior_accept * prior_weight, prior_weight)
@@ -106,7 +110,11 @@ class AdaptivePolicy(Policy):
         self.since_probe = 0
 
     def acceptance(self) -> list[float]:
-        return [a / t for a, t in zip(self.accepted, self.tried)]
+        rates, last = [], None
+        for a, t, seen in zip(self.accepted, self.tried, self.observed):
+            last = a / t if seen >= 1.0 or last is None else last
+            rates.append(last)
+        return rates
 
     def expected_tokens(self, k: int) -> float:
         total, run = 1.0, 1.0
@@ -132,6 +140,11 @@ class AdaptivePolicy(Policy):
             if self.since_probe >= self.probe_every:
                 self.since_probe = 0
                 return 1
+            return 0
+        self.steps += 1
+        if self.steps % self.explore_every == 0:
+            self.explore_up = not self.explore_up
+            return min(best + 1, max_k) if self.explore_up else max(best - 1, 1)
         return best
 
     def observe(self, k, n_accepted, draft_s, verify_s, verify_tokens):
@@ -144,6 +157,7 @@ class AdaptivePolicy(Policy):
         for i in range(min(k, n_accepted + 1)):
             self.accepted[i] = self.forget * self.accepted[i] + (1 - self.forget) * a0 + (1.0 if i < n_accepted else 0.0)
             self.tried[i] = self.forget * self.tried[i] + (1 - self.forget) * t0 + 1.0
+            self.observed[i] = self.forget * self.observed[i] + 1.0
 
 
 POLICY_NAMES = ("target", "fixed:K", "heuristic", "adaptive", "ngram", "hybrid")

@@ -19,6 +19,7 @@ class GenerationStats:
     accepted_at: list[int] = field(default_factory=list)   # [position] of those, accepted by the target
     k_history: list[int] = field(default_factory=list)     # k used per decode step
     rejections: Counter = field(default_factory=Counter)   # (position, draft token, target token) -> count
+    accepted_lengths: Counter = field(default_factory=Counter)  # tokens committed per verify call -> count
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0            # target time after prefill
@@ -30,6 +31,7 @@ class GenerationStats:
         if k == 0:
             return
         self.n_verify += 1
+        self.accepted_lengths[n_accepted + 1] += 1
         self.n_drafted += k
         self.n_accepted += n_accepted
         if len(self.drafted_at) < k:

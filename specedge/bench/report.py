@@ -1,0 +1,81 @@
+"""The bench table (text) and plots (PNG, when matplotlib is installed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def table(results: dict) -> str:
+    head = (f"{'policy':<11} {'tok/s':>7} {'speedup':>8} {'acc len':>8} {'k mean':>7} {'tgt calls/tok':>13} "
+            f"{'draft':>6} {'verify':>7} {'other':>6} {'same':>5}  acceptance per position")
+    lines = [head, "-" * len(head)]
+    for name, p in results["policies"].items():
+        split = p["time_split"]
+        same = {True: "yes", False: "NO", None: "n/a"}[p["identical_to_target"]]
+        per_pos = " ".join(f"{a:.2f}" for a in p["acceptance_per_position"]) or "-"
+        lines.append(f"{name:<11} {p['tok_per_s']:7.2f} {p['speedup']:7.2f}x {p['mean_accepted_length']:8.2f} "
+                     f"{p['k_mean']:7.2f} {p['target_calls_per_token']:13.2f} {100 * split.get('draft', 0):5.1f}% "
+                     f"{100 * split.get('verify', 0):6.1f}% {100 * split.get('other', 0):5.1f}% {same:>5}  {per_pos}")
+    lines.append("")
+    lines.append("top rejected draft tokens (position: draft -> target wanted, count)")
+    for name, p in results["policies"].items():
+        shown = ", ".join(f"{r['position']}: {r['draft_text']!r} -> {r['target_text']!r} x{r['count']}"
+                          for r in p["top_rejections"][:4])
+        if shown:
+            lines.append(f"  {name:<11} {shown}")
+    return "\n".join(lines)
+
+
+def plots(results: dict, out: Path) -> list[Path] | None:
+    """Writes the PNG plots; None when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    policies = results["policies"]
+    written = []
+
+    def save(fig, name):
+        path = out / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, p in policies.items():
+        if p["acceptance_per_position"]:
+            xs = range(1, len(p["acceptance_per_position"]) + 1)
+            ax.plot(xs, p["acceptance_per_position"], marker="o", label=name)
+    ax.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1.05), title="Acceptance per draft position")
+    ax.legend(fontsize=8)
+    save(fig, "acceptance_per_position.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = [n for n, p in policies.items() if p["accepted_length_histogram"]]
+    for j, name in enumerate(names):
+        hist = policies[name]["accepted_length_histogram"]
+        total = sum(hist.values())
+        xs = [int(n) + (j - len(names) / 2) * 0.8 / max(len(names), 1) for n in hist]
+        ax.bar(xs, [c / total for c in hist.values()], width=0.8 / max(len(names), 1), label=name)
+    ax.set(xlabel="tokens committed per verify call", ylabel="share of verify calls",
+           title="Accepted lengths")
+    ax.legend(fontsize=8)
+    save(fig, "accepted_lengths.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, p in policies.items():
+        if p["k_history_all"]:
+            ax.plot(p["k_history_all"], drawstyle="steps-post", label=name)
+    ax.set(xlabel="decode step (all requests in order)", ylabel="k", title="k chosen over time")
+    ax.legend(fontsize=8)
+    save(fig, "k_over_time.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar(list(policies), [p["tok_per_s"] for p in policies.values()])
+    ax.set(ylabel="tokens / s (median over repeats)", title="Throughput per policy")
+    ax.tick_params(axis="x", rotation=45)
+    save(fig, "tokens_per_s.png")
+    return written

@@ -1,0 +1,139 @@
+"""Runs policies side by side: interleaved across repeats so machine drift hits all alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+from collections import Counter
+from pathlib import Path
+
+from specedge.errors import OptionError
+
+BUILTIN_PROMPTS = [
+    {"prompt": "def quicksort(arr):\n"},
+    {"prompt": "import numpy as np\n\ndef moving_average(x: np.ndarray, window: int) -> np.ndarray:\n"},
+    {"prompt": "class LRUCache:\n    def __init__(self, capacity: int):\n"},
+    {"prompt": "Rename the variable `total` to `acc` in this function and return the whole function:\n\n"
+               "def sum_positive(values):\n    total = 0\n    for v in values:\n        if v > 0:\n"
+               "            total += v\n    return total\n", "chat": True},
+]
+DEFAULT_POLICIES = "target,fixed:1,fixed:2,fixed:4,fixed:8,heuristic,adaptive,ngram,hybrid"
+
+
+def load_prompts(path: str | None) -> list[dict]:
+    if path is None:
+        return list(BUILTIN_PROMPTS)
+    rows = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise OptionError(f"--prompts {path}: {err.strerror}") from err
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise OptionError(f"--prompts {path}:{n}: not JSON ({err.msg})") from err
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise OptionError(f"--prompts {path}:{n}: each line needs a string field 'prompt'")
+        rows.append({"prompt": row["prompt"], "chat": bool(row.get("chat", False))})
+    if not rows:
+        raise OptionError(f"--prompts {path}: no prompts")
+    return rows
+
+
+def run_bench(gen, prompts: list[dict], policies: list[str], max_new_tokens: int = 128, temperature: float = 0.0,
+              seed: int | None = None, repeat: int = 1, progress=None) -> dict:
+    """-> results dict (see README "specedge bench"); `progress(done, total, label)` is called per run."""
+    if "target" not in policies:
+        policies = ["target"] + policies
+    for spec in policies:
+        gen._options({"policy": spec})                         # validates every name before any work
+    base = dict(max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=True)
+    for spec in policies:                                      # warm-up, excluded
+        gen.generate(prompts[0]["prompt"], **{**base, "max_new_tokens": 8}, policy=spec, seed=seed)
+    runs = {spec: [[None] * len(prompts) for _ in range(repeat)] for spec in policies}
+    total, done = repeat * len(prompts) * len(policies), 0
+    for r in range(repeat):
+        for i, row in enumerate(prompts):
+            for spec in policies:
+                result = gen.generate(row["prompt"], chat=row.get("chat", False), policy=spec,
+                                      seed=None if seed is None else seed + i, **base)
+                runs[spec][r][i] = result
+                done += 1
+                if progress:
+                    progress(done, total, f"repeat {r + 1}/{repeat}, prompt {i + 1}/{len(prompts)}, {spec}")
+    greedy = temperature == 0.0
+    results = {spec: _aggregate(gen, spec, runs[spec], runs["target"], greedy) for spec in policies}
+    target_tps = results["target"]["tok_per_s"]
+    for entry in results.values():
+        entry["speedup"] = entry["tok_per_s"] / target_tps if target_tps else 0.0
+    return {"policies": results, "machine": machine_info(gen),
+            "bundle": {"path": str(gen.path), "max_draft": gen.max_draft,
+                       "models": {role: m["source"] for role, m in gen.manifest["models"].items()}},
+            "settings": {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
+                         "repeat": repeat, "prompts": len(prompts)}}
+
+
+def _aggregate(gen, spec: str, runs, target_runs, greedy: bool) -> dict:
+    flat = [res for per_repeat in runs for res in per_repeat]
+    stats = [res.stats for res in flat]
+    # tokens/s of each repeat over all prompts; the median over repeats
+    per_repeat = [sum(r.stats.new_tokens for r in rs) / sum(r.stats.total_s for r in rs) for rs in runs]
+    drafted_at, accepted_at = Counter(), Counter()
+    rejections, k_history = Counter(), []
+    for s in stats:
+        for i, (d, a) in enumerate(zip(s.drafted_at, s.accepted_at)):
+            drafted_at[i] += d
+            accepted_at[i] += a
+        rejections.update(s.rejections)
+        k_history += s.k_history
+    n_verify = sum(s.n_verify for s in stats)
+    n_tokens = sum(s.new_tokens for s in stats)
+    time_total = sum(s.total_s for s in stats)
+    split = {"prefill": sum(s.prefill_s for s in stats), "draft": sum(s.draft_s for s in stats),
+             "verify": sum(s.verify_s for s in stats)}
+    split["other"] = max(0.0, time_total - sum(split.values()))
+    identical = None
+    if greedy:
+        identical = all(res.tokens == tgt.tokens for rs, ts in zip(runs, target_runs) for res, tgt in zip(rs, ts))
+    accepted_lengths = Counter()
+    for s in stats:
+        accepted_lengths.update(s.accepted_lengths)
+    return {
+        "tok_per_s": statistics.median(per_repeat), "tok_per_s_per_repeat": per_repeat,
+        "mean_accepted_length": 1 + sum(s.n_accepted for s in stats) / n_verify if n_verify else 1.0,
+        "acceptance_per_position": [accepted_at[i] / drafted_at[i] for i in sorted(drafted_at)],
+        "drafted_per_position": [drafted_at[i] for i in sorted(drafted_at)],
+        "accepted_length_histogram": {str(n): c for n, c in sorted(accepted_lengths.items())},
+        "target_calls_per_token": sum(s.n_target_calls + 1 for s in stats) / n_tokens if n_tokens else 0.0,
+        "time_split": {key: value / time_total for key, value in split.items()} if time_total else {},
+        "identical_to_target": identical,
+        "k_mean": sum(k_history) / len(k_history) if k_history else 0.0,
+        "k_history": stats[0].k_history if spec.startswith("adaptive") else [],
+        "k_history_all": k_history if spec.startswith("adaptive") else [],
+        "top_rejections": [{"position": p, "draft_token": d, "target_token": t, "count": c,
+                            "draft_text": gen.decode([d]), "target_text": gen.decode([t])}
+                           for (p, d, t), c in rejections.most_common(10)],
+        "requests": [{"repeat": r, "prompt": i, "tokens": res.tokens, "stats": res.stats.to_json(gen.decode)}
+                     for r, rs in enumerate(runs) for i, res in enumerate(rs)],
+    }
+
+
+def machine_info(gen) -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "onnxruntime": __import__("onnxruntime").__version__,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def write_results(results: dict, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    path.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+    return path
+

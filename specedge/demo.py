@@ -13,13 +13,10 @@ from pathlib import Path
 
 import click
 
+from specedge.bench.runner import BUILTIN_PROMPTS
 from specedge.errors import SpecedgeError
 
-PROMPTS = [
-    "def quicksort(arr):\n",
-    "import numpy as np\n\ndef moving_average(x: np.ndarray, window: int) -> np.ndarray:\n",
-    "class LRUCache:\n    def __init__(self, capacity: int):\n",
-]
+PROMPTS = [row["prompt"] for row in BUILTIN_PROMPTS[:3]]   # the code-completion ones
 
 
 def _peak_rss_gib() -> float:

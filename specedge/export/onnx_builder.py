@@ -7,7 +7,6 @@ memory flat and makes models over 2 GB a non-issue.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -105,9 +104,3 @@ class GraphBuilder:
         with open(self.onnx_path, "wb") as f:
             f.write(model.SerializeToString())
         onnx.checker.check_model(str(self.onnx_path))
-
-    def abort(self) -> None:
-        self._data.close()
-        for path in (self.onnx_path, self.onnx_path.parent / self.data_name):
-            if os.path.exists(path):
-                os.remove(path)

@@ -99,9 +99,11 @@ class AdaptivePolicy(Policy):
     name = "adaptive"
 
     def __init__(self, max_draft: int, prior_accept: float = 0.8, prior_weight: float = 1.0, forget: float = 0.97,
-                 probe_every: int = 16, explore_every: int = 4, warmup_k: int = 4, costs: CostModel | None = None):
+                 probe_every: int = 16, explore_every: int = 4, warmup_k: int = 4, tie: float = 0.02,
+                 costs: CostModel | None = None):
         self.max_draft, self.forget, self.probe_every, self.warmup_k = max_draft, forget, probe_every, warmup_k
         self.explore_every, self.steps, self.explore_up = explore_every, 0, True
+        self.tie = tie
         self.observed = [0.0] * max_draft                             # decayed count of real tries
         self.accepted = [prior_accept * prior_weight] * max_draft    # pseudo-counts per position
         self.tried = [prior_weight] * max_draft
@@ -134,7 +136,9 @@ class AdaptivePolicy(Policy):
         costs = [self.step_cost(k) for k in range(max_k + 1)]
         if max_k >= 1 and any(c is None for c in costs[1:]):
             return min(self.warmup_k, max_k)                       # no cost estimates yet: measure first
-        best = max(range(max_k + 1), key=lambda k: self.expected_tokens(k) / costs[k] if costs[k] else -math.inf)
+        rate = [self.expected_tokens(k) / costs[k] if costs[k] else -math.inf for k in range(max_k + 1)]
+        # near-ties go to the longer draft: acceptance comes in runs, so deep positions beat their estimate
+        best = max(k for k in range(max_k + 1) if rate[k] >= (1 - self.tie) * max(rate))
         if best == 0 and max_k >= 1:
             self.since_probe += 1
             if self.since_probe >= self.probe_every:

@@ -25,8 +25,16 @@ def cli():
 @click.option("--max-seq-len", default=2048, show_default=True, type=int, help="KV buffer length (prompt + output).")
 @click.option("--max-draft", default=8, show_default=True, type=int, help="Largest k the runtime may use.")
 @click.option("--tolerance", type=float, default=None, help="Max logit error allowed in the export check.")
+@click.option("--quantize", default="none", show_default=True, type=click.Choice(["none", "int4", "int8"]),
+              help="Weight-only quantization (MatMulNBits) of the target, and of the draft unless --draft-quantize.")
+@click.option("--draft-quantize", default=None, type=click.Choice(["none", "int4", "int8"]),
+              help="Quantization of the draft [default: as --quantize].")
+@click.option("--block-size", default=32, show_default=True, type=int, help="Quantization block size along K.")
+@click.option("--accuracy-level", default=4, show_default=True, type=click.IntRange(0, 4),
+              help="MatMulNBits compute: 4 = int8 activations (fast, rows independent), 0 = float.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
-def export(target, draft, out, max_seq_len, max_draft, tolerance, force):
+def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draft_quantize, block_size,
+           accuracy_level, force):
     """Export a target and a draft model into a bundle."""
     try:
         from specedge.export import export_bundle
@@ -35,7 +43,8 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, force):
                             "pip install 'specedge[export]'") from err
     draft = None if draft.lower() == "none" else draft
     export_bundle(target, draft, out, max_seq_len=max_seq_len, max_draft=max_draft, tolerance=tolerance,
-                  force=force, progress=lambda line: click.echo(line, err=True))
+                  force=force, progress=lambda line: click.echo(line, err=True), quantize=quantize,
+                  draft_quantize=draft_quantize, block_size=block_size, accuracy_level=accuracy_level)
 
 
 @cli.command()
@@ -180,11 +189,17 @@ def describe(m: dict, verified: bool = False) -> str:
             f"  {role}: {model['architecture']} from {model['source']} ({model['graph_variant']})",
             f"    {spec['num_layers']} layers, hidden {spec['hidden_size']}, heads {spec['num_heads']}/"
             f"{spec['num_kv_heads']} kv, head_dim {spec['head_dim']}",
-            f"    weights {model['weight_bytes'] / 2**20:.1f} MiB, KV buffers {kv_bytes / 2**20:.1f} MiB",
+            f"    weights {model.get('weights', 'float32')} {model['weight_bytes'] / 2**20:.1f} MiB, "
+            f"KV buffers {kv_bytes / 2**20:.1f} MiB",
             f"    export check: max logit error {check.get('max_abs_logit_error', float('nan')):.2e} "
             f"(tolerance {check.get('tolerance', float('nan')):.2e}), top-1 agreement "
-            f"{check.get('top1_agreement', float('nan')):.3f}",
+            f"{check.get('top1_agreement', float('nan')):.3f}, verify rows bitwise equal: "
+            f"{ {True: 'yes', False: 'NO'}.get(check.get('verify_rows_bitwise_equal'), '?') }",
         ]
+        if "vs_unquantized" in check:
+            q = check["vs_unquantized"]
+            lines.append(f"    vs unquantized: top-1 agreement {q['top1_agreement']:.3f} over {q['positions']} "
+                         f"prompt positions, max logit error {q['max_abs_logit_error']:.3g}")
     lines.append(f"  files: {len(m['files'])}" + (", all checksums verified" if verified else ""))
     return "\n".join(lines)
 

@@ -77,3 +77,35 @@ def test_ngram_lookup():
     assert drafter.lookup([1, 2, 3, 4, 5, 1, 2, 3], 3) == [4, 5, 1]      # longest suffix 1 2 3
     assert drafter.lookup([1, 2, 9, 7, 2, 8, 2], 2) == [8, 2]            # most recent match of "2"
     assert drafter.lookup([1, 2, 3], 4) == []
+
+
+def test_adaptive_early_stop_learns_which_confidences_get_rejected():
+    """Drafts with confidence < 0.5 are always rejected, the others always accepted: after training,
+    drafting stops at a low-confidence draft and goes on after high-confidence ones (counted, not timed)."""
+    policy = AdaptivePolicy(max_draft=8)
+    stops_low, stops_high = [], []
+    for step in range(200):
+        k = policy.next_k(8)
+        confidences = []
+        for i in range(k):
+            confidences.append(0.3 if (step + i) % 5 == 0 else 0.95)
+            if i == k - 1 or not policy.keep_drafting(confidences):
+                break
+            (stops_low if confidences[-1] < 0.5 else stops_high).append(False)
+        else:
+            confidences = []
+        if confidences and len(confidences) < k:
+            (stops_low if confidences[-1] < 0.5 else stops_high).append(True)
+        n = next((i for i, c in enumerate(confidences) if c < 0.5), len(confidences))
+        policy.observe(len(confidences), n, DRAFT_S * len(confidences),
+                       VERIFY_BASE_S + VERIFY_PER_TOKEN_S * (len(confidences) + 1), len(confidences) + 1)
+        policy.observe_confidences(confidences, n)
+    assert policy.calibration.acceptance(0.3) < 0.1 and policy.calibration.acceptance(0.95) > 0.9
+    assert sum(stops_low[-20:]) == 20                      # always stops right after a draft it knows is wrong
+    assert not any(stops_high[-50:])                       # never after a confident one (acceptance ~1)
+
+
+def test_early_stop_can_be_turned_off():
+    policy = AdaptivePolicy(max_draft=8, early_stop=False)
+    _feed(policy, lambda step, i: i < 2, 20)
+    assert policy.keep_drafting([0.01, 0.01])

@@ -2,7 +2,9 @@
 
 The graph is driven the way the runtime drives it: a prefill chunk into an empty buffer, then
 multi-token steps into the partly filled buffer. transformers runs the whole sequence at once; with
-causal attention its logits at each position must equal ours.
+causal attention its logits at each position must equal ours. A quantized graph is held to the same
+tolerance against transformers running the dequantized weights (what the graph multiplies with), and
+its cost in accuracy is measured against the unquantized model on a few real prompts.
 """
 
 from __future__ import annotations
@@ -15,27 +17,87 @@ from specedge.runtime.step_model import StepModel
 
 # (prefill chunk, then step sizes): a verify-sized step and single-token draft steps
 CHECK_STEPS = (7, 5, 1, 3, 1)
+PROMPT_TOKENS = 48                    # per check prompt, teacher-forced
+ROWS_CHECK = (7, 4)                   # prefix, then a verify-sized step replayed one token at a time
 
 
-def check_graph(onnx_path: Path, model_entry: dict, torch_model, vocab_size: int, max_seq_len: int,
-                seed: int = 0) -> dict:
+def reference_logits(torch_model, ids: list[int], vocab_size: int) -> np.ndarray:
     import torch
 
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, vocab_size, size=sum(CHECK_STEPS)).tolist()
     with torch.no_grad():
-        reference = torch_model(torch.tensor([ids])).logits[0, :, :vocab_size].float().numpy()
+        return torch_model(torch.tensor([ids])).logits[0, :, :vocab_size].float().numpy()
+
+
+def random_ids(vocab_size: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(0, vocab_size, size=sum(CHECK_STEPS)).tolist()
+
+
+def check_graph(onnx_path: Path, model_entry: dict, reference: np.ndarray, ids: list[int], vocab_size: int,
+                max_seq_len: int, reference_name: str = "") -> dict:
+    """Graph logits over CHECK_STEPS vs the reference's for the same ids; and verify rows vs single steps."""
     step = StepModel(onnx_path, model_entry, max_seq_len, vocab_size, max_step=max(CHECK_STEPS))
     ours, at = [], 0
     for n in CHECK_STEPS:
         ours.append(step.feed(ids[at: at + n]).copy())
         at += n
     ours = np.concatenate(ours)
-    error = float(np.abs(ours - reference).max())
-    scale = float(np.abs(reference).max())
-    agree = float((ours.argmax(-1) == reference.argmax(-1)).mean())
-    return {"steps": list(CHECK_STEPS), "max_abs_logit_error": error, "max_abs_logit": scale,
-            "top1_agreement": agree, "reference": f"transformers {_transformers_version()}"}
+    return {"steps": list(CHECK_STEPS), "max_abs_logit_error": float(np.abs(ours - reference).max()),
+            "max_abs_logit": float(np.abs(reference).max()),
+            "top1_agreement": float((ours.argmax(-1) == reference.argmax(-1)).mean()),
+            "verify_rows_bitwise_equal": _rows_bitwise_equal(step, ids),
+            "reference": f"transformers {_transformers_version()}{reference_name}"}
+
+
+def _rows_bitwise_equal(step: StepModel, ids: list[int]) -> bool:
+    """A verify call's rows must equal the rows of the same tokens fed one by one, bit for bit:
+    otherwise a near-tie could go differently in speculative and target-only greedy decoding."""
+    prefix, n = ROWS_CHECK
+    step.pos = 0
+    step.feed(ids[:prefix])
+    together = step.feed(ids[prefix: prefix + n]).copy()
+    step.pos = prefix
+    alone = np.concatenate([step.feed([t]).copy() for t in ids[prefix: prefix + n]])
+    return bool(np.array_equal(together, alone))
+
+
+def prompt_agreement(onnx_path: Path, model_entry: dict, torch_model, prompts: list[list[int]], vocab_size: int,
+                     max_seq_len: int) -> dict:
+    """Teacher-forced top-1 agreement and max logit error of the graph vs the model, over real prompts."""
+    step = StepModel(onnx_path, model_entry, max_seq_len, vocab_size, max_step=PROMPT_TOKENS)
+    agree = total = 0
+    error = 0.0
+    for ids in prompts:
+        ids = ids[:PROMPT_TOKENS]
+        reference = reference_logits(torch_model, ids, vocab_size)
+        step.pos = 0
+        ours = step.feed(ids)
+        agree += int((ours.argmax(-1) == reference.argmax(-1)).sum())
+        total += len(ids)
+        error = max(error, float(np.abs(ours - reference).max()))
+    return {"prompts": len(prompts), "positions": total, "top1_agreement": agree / max(total, 1),
+            "max_abs_logit_error": error}
+
+
+def load_dequantized(torch_model, quantized: dict, quantization, vocab_size: int, conv1d: bool) -> None:
+    """Replaces the model's quantized weights by their dequantized values, in place.
+
+    quantized: module name -> (codes, scales, zero points, K) as written into the graph. A tied LM
+    head is untied first: the graph's embedding stays fp32.
+    """
+    import torch
+
+    from specedge.export.quantize import dequantize
+
+    with torch.no_grad():
+        for name, (codes, scales, zero_points, k) in quantized.items():
+            module = torch_model.get_submodule(name)
+            weight = torch.from_numpy(dequantize(codes, scales, zero_points, k, quantization))
+            if name == "lm_head":
+                full = module.weight.detach().clone().float()
+                full[:vocab_size] = weight
+                module.weight = torch.nn.Parameter(full)
+            else:
+                module.weight.copy_(weight.T if conv1d else weight)
 
 
 def _transformers_version() -> str:

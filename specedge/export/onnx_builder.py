@@ -98,8 +98,10 @@ class GraphBuilder:
     def save(self) -> None:
         self._data.close()
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, self.initializers)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                                  producer_name="specedge")
+        opsets = [helper.make_opsetid("", OPSET)]
+        if any(node.domain == "com.microsoft" for node in self.nodes):
+            opsets.append(helper.make_opsetid("com.microsoft", 1))
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="specedge")
         model.ir_version = 8
         with open(self.onnx_path, "wb") as f:
             f.write(model.SerializeToString())

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from specedge import __version__
 from specedge.errors import ExportError
-from specedge.export.check import check_graph
+from specedge.export.check import check_graph, load_dequantized, prompt_agreement, random_ids, reference_logits
 from specedge.export.onnx_builder import GraphBuilder
+from specedge.export.quantize import Quantization, parse_quantization
 from specedge.export.sources import Source, open_source
 from specedge.export.step_graph import GRAPH_VARIANT, StepGraph, io_names
 from specedge.export.tokenizer_files import write_tokenizer
@@ -35,15 +36,26 @@ class Progress:
             self.echo(f"[{time.perf_counter() - self.start:7.1f}s] {message}")
 
 
-def default_tolerance(max_abs_logit: float) -> float:
-    """fp32 graphs agree with transformers to rounding; allow for reduction order over many layers."""
+def default_tolerance(max_abs_logit: float, quantization: Quantization | None = None) -> float:
+    """fp32 graphs agree with transformers to rounding; allow for reduction order over many layers.
+
+    At accuracy level 4 MatMulNBits also rounds the activations to int8 per block, which the
+    dequantized-weight reference does not: a few percent of the logit range, measured.
+    """
+    if quantization is not None and quantization.accuracy_level == 4:
+        return 1e-2 + 0.1 * max_abs_logit
     return 1e-3 + 1e-4 * max_abs_logit
 
 
 def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: int = 2048, max_draft: int = 8,
-                  tolerance: float | None = None, force: bool = False, progress=print) -> Path:
+                  tolerance: float | None = None, force: bool = False, progress=print,
+                  quantize: str | None = None, draft_quantize: str | None = None, block_size: int = 32,
+                  accuracy_level: int = 4) -> Path:
+    """quantize: "none" | "int4" | "int8" for the target, and the draft unless draft_quantize says otherwise."""
     out = Path(out).expanduser().absolute()
     _validate(out, max_seq_len, max_draft, force)
+    quantizations = {"target": parse_quantization(quantize, block_size, accuracy_level),
+                     "draft": parse_quantization(draft_quantize or quantize, block_size, accuracy_level)}
     say = Progress(progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
@@ -55,9 +67,11 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
             sources["draft"] = open_source(draft)
         vocab_size = _shared_vocab(sources, say)
         tokenizer_info = write_tokenizer(sources["target"].tokenizer, work)
+        prompts = _check_prompts(sources["target"].tokenizer, vocab_size)
         models, eos_ids = {}, []
         for role, source in sources.items():
-            models[role], ids = _export_model(role, source, work, vocab_size, max_seq_len, tolerance, say)
+            models[role], ids = _export_model(role, source, work, vocab_size, max_seq_len, tolerance, say,
+                                              quantizations[role], prompts)
             eos_ids += [i for i in ids if i not in eos_ids and i < vocab_size]
         if not eos_ids:
             raise ExportError("the source models name no end-of-sequence token")
@@ -111,8 +125,16 @@ def _shared_vocab(sources: dict[str, Source], say) -> int:
     return vocab_size
 
 
+def _check_prompts(tokenizer, vocab_size: int) -> list[list[int]]:
+    from specedge.bench.runner import BUILTIN_PROMPTS
+
+    encoded = [tokenizer.encode(row["prompt"]) for row in BUILTIN_PROMPTS]
+    return [ids for ids in ([i for i in e if i < vocab_size] for e in encoded) if len(ids) >= 2]
+
+
 def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_seq_len: int,
-                  tolerance: float | None, say) -> tuple[dict, list[int]]:
+                  tolerance: float | None, say, quantization: Quantization | None,
+                  prompts: list[list[int]]) -> tuple[dict, list[int]]:
     cfg = source.config
     architecture, family = architecture_of(cfg)
     spec = family.spec_from_config(cfg, architecture)
@@ -130,27 +152,47 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
                           ignore=("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias"))
     path = work / f"{role}.onnx"
     builder = GraphBuilder(path, f"specedge_{role}")
-    say(f"{role}: writing step graph")
-    family.build(StepGraph(builder, spec, max_seq_len), spec, weights)
+    weights_kind = quantization.name if quantization else "float32"
+    say(f"{role}: writing step graph ({weights_kind} weights)")
+    graph = StepGraph(builder, spec, max_seq_len, quantization)
+    family.build(graph, spec, weights)
     weights.finish()
     builder.save()
     del state, weights
     entry = {
         "file": path.name, "architecture": architecture, "source": source.description,
         "source_kind": source.kind, "graph_variant": GRAPH_VARIANT, "spec": spec.to_json(),
-        "io": io_names(spec.num_layers), "weight_bytes": builder.weight_bytes,
+        "io": io_names(spec.num_layers), "weights": weights_kind, "weight_bytes": builder.weight_bytes,
         "kv": {"num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                "dtype": "float32"},
     }
-    say(f"{role}: checking the graph against transformers (prefill + multi-token steps)")
-    check = check_graph(path, entry, model, vocab_size, max_seq_len)
-    limit = tolerance if tolerance is not None else default_tolerance(check["max_abs_logit"])
+    ids = random_ids(vocab_size)
+    quality = None
+    if quantization is not None:
+        entry["quantization"] = quantization.to_json()
+        say(f"{role}: measuring {weights_kind} against the unquantized model on {len(prompts)} prompts")
+        quality = prompt_agreement(path, entry, model, prompts, vocab_size, max_seq_len)
+        say(f"{role}: top-1 agreement {quality['top1_agreement']:.3f} over {quality['positions']} positions, "
+            f"max logit error {quality['max_abs_logit_error']:.3g}")
+        load_dequantized(model, graph.quantized, quantization, vocab_size, conv1d=spec.family == "gpt2")
+    graph.quantized.clear()
+    say(f"{role}: checking the graph against transformers (prefill + multi-token steps"
+        f"{', dequantized weights' if quantization else ''})")
+    check = check_graph(path, entry, reference_logits(model, ids, vocab_size), ids, vocab_size, max_seq_len,
+                        " (dequantized weights)" if quantization else "")
+    limit = tolerance if tolerance is not None else default_tolerance(check["max_abs_logit"], quantization)
     check["tolerance"] = limit
     say(f"{role}: max logit error {check['max_abs_logit_error']:.2e} (tolerance {limit:.2e}), "
-        f"top-1 agreement {check['top1_agreement']:.3f}")
+        f"top-1 agreement {check['top1_agreement']:.3f}, verify rows bitwise equal to single steps: "
+        f"{'yes' if check['verify_rows_bitwise_equal'] else 'NO'}")
     if not check["max_abs_logit_error"] <= limit:
         raise ExportError(f"{role}: exported graph differs from transformers by {check['max_abs_logit_error']:.3g} "
                           f"(tolerance {limit:.3g}); nothing was written")
+    if role == "target" and not check["verify_rows_bitwise_equal"]:
+        say("target: warning: verify rows differ from single steps in the last bits; greedy speculative output "
+            "may differ from target-only output at near-ties (use --accuracy-level 4 for quantized targets)")
+    if quality is not None:
+        check["vs_unquantized"] = quality
     entry["export_check"] = check
     del model
     gc.collect()

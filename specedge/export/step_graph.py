@@ -2,9 +2,10 @@
 
 inputs   input_ids      int64 [B, T]
          position_ids   int64 [B, T]              absolute positions; row b writes at position_ids[b]
+         num_logits     int64 [1]                 n <= T: logits only for the last n tokens
          past_key.{i}   float [B, H_kv, S_max, D] the whole static buffer of layer i
          past_value.{i} float [B, H_kv, S_max, D]
-outputs  logits         float [B, T, V]
+outputs  logits         float [B, n, V]
          key.{i}        float [B, H_kv, T, D]     K/V of the T new tokens only (after RoPE)
          value.{i}      float [B, H_kv, T, D]
 
@@ -13,6 +14,9 @@ at position p attends to slots j <= p of that copy. Slots beyond the committed l
 never matter, so rejection costs nothing; and a token's attention sums over the same slots in the
 same order whether it arrives alone or in a verify call of k + 1 tokens, so verify rows equal
 single-step rows bit for bit (what keeps greedy speculation identical to target-only greedy).
+`num_logits` exists because the LM head is a large share of a step: prefill and draft catch-up need
+one row, verification k + 1. Linear layers are MatMul on fp32 weights, or MatMulNBits on weights
+quantized at export (see quantize.py).
 """
 
 from __future__ import annotations
@@ -21,16 +25,19 @@ import numpy as np
 from onnx import TensorProto
 
 from specedge.export.onnx_builder import GraphBuilder
+from specedge.export.quantize import Quantization, quantize
 from specedge.models.spec import ModelSpec, rope_inv_freq
 
-GRAPH_VARIANT = "static-kv-scatter-v1"
+GRAPH_VARIANT = "static-kv-scatter-v2"       # v1: no num_logits input (still loadable)
 
 
 class StepGraph:
     """Inputs, the shared mask and RoPE tables, attention, and the outputs of one step graph."""
 
-    def __init__(self, builder: GraphBuilder, spec: ModelSpec, max_seq_len: int):
-        self.b, self.spec, self.max_seq_len = builder, spec, max_seq_len
+    def __init__(self, builder: GraphBuilder, spec: ModelSpec, max_seq_len: int,
+                 quantization: Quantization | None = None):
+        self.b, self.spec, self.max_seq_len, self.quantization = builder, spec, max_seq_len, quantization
+        self.quantized: dict[str, tuple] = {}          # module name -> (codes, scales, zero points, K), for the check
         # Attention runs as one matrix product per kv head with R*T query rows. MLAS takes a different
         # accumulation path for a single row, so R >= 2 keeps verify rows bitwise equal to single steps:
         # R = the GQA group size, or 2 (the query rows duplicated) for plain multi-head attention.
@@ -39,6 +46,7 @@ class StepGraph:
         b, kv_shape = builder, ["batch", spec.num_kv_heads, max_seq_len, spec.head_dim]
         self.input_ids = b.input("input_ids", TensorProto.INT64, ["batch", "step"])
         self.position_ids = b.input("position_ids", TensorProto.INT64, ["batch", "step"])
+        self.num_logits = b.input("num_logits", TensorProto.INT64, [1])
         self.past = [(b.input(f"past_key.{i}", TensorProto.FLOAT, kv_shape),
                       b.input(f"past_value.{i}", TensorProto.FLOAT, kv_shape))
                      for i in range(spec.num_layers)]
@@ -77,9 +85,23 @@ class StepGraph:
         b = self.b
         return b.op("Transpose", b.op("Reshape", x, b.const([0, 0, n_heads, self.spec.head_dim])), perm=[0, 2, 1, 3])
 
-    def linear(self, x: str, weight: str, bias: str | None = None) -> str:
-        y = self.b.op("MatMul", x, weight)
-        return self.b.op("Add", y, bias) if bias else y
+    def linear(self, x: str, name: str, weight: np.ndarray, bias: np.ndarray | None = None) -> str:
+        """x [..., K] @ weight^T (+ bias), weight [N, K] in HF's (out, in) layout."""
+        b = self.b
+        if self.quantization is None:
+            y = b.op("MatMul", x, b.weight(f"{name}.weight_t", weight.T))
+        else:
+            y = self._matmul_nbits(x, name, weight)
+        return b.op("Add", y, b.weight(f"{name}.bias", bias)) if bias is not None else y
+
+    def _matmul_nbits(self, x: str, name: str, weight: np.ndarray) -> str:
+        q, b = self.quantization, self.b
+        codes, scales, zero_points = quantize(weight, q)
+        n, k = weight.shape
+        self.quantized[name] = (codes, scales, zero_points, k)
+        return b.op("MatMulNBits", x, b.weight(f"{name}.{q.name}", codes), b.weight(f"{name}.scales", scales),
+                    b.weight(f"{name}.zero_points", zero_points), domain="com.microsoft",
+                    K=k, N=n, bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
 
     def attention(self, layer: int, q: str, k: str, v: str) -> str:
         """q [B, T, H*D], k/v [B, T, H_kv*D] -> context [B, T, H*D]; emits key.{layer}/value.{layer}."""
@@ -106,19 +128,29 @@ class StepGraph:
         context = b.op("Transpose", context, perm=[0, 2, 1, 3])                           # [B, T, H, D]
         return b.op("Reshape", context, b.const([0, 0, s.num_heads * s.head_dim]))
 
-    def logits(self, hidden: str, lm_head: str) -> None:
-        """hidden [B, T, E] x lm_head [V, E] (HF layout, shared with a tied embedding) -> logits [B, T, V]."""
-        b = self.b
-        flat = b.op("Reshape", hidden, b.const([-1, self.spec.hidden_size]))
-        logits = b.op("Gemm", flat, lm_head, transB=1)                                    # [B*T, V]
-        shape = b.op("Concat", b.op("Shape", self.input_ids), b.const([self.spec.vocab_size]), axis=0)
-        b.output(b.op("Reshape", logits, shape), "logits", TensorProto.FLOAT, ["batch", "step", self.spec.vocab_size])
+    def logits(self, hidden: str, head: np.ndarray, tied_embedding: str | None = None) -> None:
+        """hidden [B, T, E], head [V, E] (HF layout) -> logits [B, n, V] of the last n = num_logits tokens.
+
+        An fp32 head tied to the embedding shares its initializer; a quantized one gets its own copy.
+        """
+        b, v = self.b, self.spec.vocab_size
+        last = b.op("Slice", hidden, b.op("Neg", self.num_logits), b.const([np.iinfo(np.int64).max]), b.const([1]))
+        if self.quantization is not None:
+            logits = self._matmul_nbits(last, "lm_head", head)                           # [B, n, V]
+        else:
+            head_name = tied_embedding or b.weight("lm_head.weight", head)
+            flat = b.op("Reshape", last, b.const([-1, self.spec.hidden_size]))
+            logits = b.op("Gemm", flat, head_name, transB=1)                              # [B*n, V]
+            shape = b.op("Concat", b.op("Slice", b.op("Shape", last), b.const([0]), b.const([2])),
+                         b.const([v]), axis=0)
+            logits = b.op("Reshape", logits, shape)
+        b.output(logits, "logits", TensorProto.FLOAT, ["batch", "logit_rows", v])
 
 
 def io_names(num_layers: int) -> dict:
     """The I/O names of a step graph, as the manifest records them."""
     return {
-        "inputs": ["input_ids", "position_ids"]
+        "inputs": ["input_ids", "position_ids", "num_logits"]
         + [n for i in range(num_layers) for n in (f"past_key.{i}", f"past_value.{i}")],
         "outputs": ["logits"] + [n for i in range(num_layers) for n in (f"key.{i}", f"value.{i}")],
     }

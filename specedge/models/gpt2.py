@@ -37,9 +37,10 @@ def sliding_window(cfg: dict) -> int | None:
 def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     b, e, f = graph.b, spec.hidden_size, spec.intermediate_size
 
-    def conv1d(prefix: str, n_in: int, n_out: int) -> tuple[str, str]:
-        return (b.weight(f"{prefix}.weight", weights.take(f"{prefix}.weight", (n_in, n_out))),
-                b.weight(f"{prefix}.bias", weights.take(f"{prefix}.bias", (n_out,))))
+    def conv1d(x: str, prefix: str, n_in: int, n_out: int) -> str:
+        """HF's Conv1D keeps weights as (in, out)."""
+        weight = weights.take(f"{prefix}.weight", (n_in, n_out))
+        return graph.linear(x, prefix, weight.T, weights.take(f"{prefix}.bias", (n_out,)))
 
     def layer_norm(x: str, prefix: str) -> str:
         w = b.weight(f"{prefix}.weight", weights.take(f"{prefix}.weight", (e,)))
@@ -57,16 +58,17 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
             inner = b.op("Tanh", b.op("Mul", poly, b.const(np.sqrt(2.0 / np.pi), dtype="float32")))
         return b.op("Mul", b.op("Mul", x, half), b.op("Add", inner, one))
 
-    wte = b.weight("transformer.wte.weight", weights.take("transformer.wte.weight", (spec.vocab_rows, e))[: spec.vocab_size])
+    wte_rows = weights.take("transformer.wte.weight", (spec.vocab_rows, e))[: spec.vocab_size]
+    wte = b.weight("transformer.wte.weight", wte_rows)
     wpe = b.weight("transformer.wpe.weight", weights.take("transformer.wpe.weight", (spec.max_position_embeddings, e)))
     x = b.op("Add", b.op("Gather", wte, graph.input_ids), b.op("Gather", wpe, graph.position_ids))  # [B, T, E]
     for i in range(spec.num_layers):
         p = f"transformer.h.{i}"
-        qkv = graph.linear(layer_norm(x, f"{p}.ln_1"), *conv1d(f"{p}.attn.c_attn", e, 3 * e))
+        qkv = conv1d(layer_norm(x, f"{p}.ln_1"), f"{p}.attn.c_attn", e, 3 * e)
         q, k, v = b.op("Split", qkv, axis=-1, n_out=3)
         context = graph.attention(i, q, k, v)
-        x = b.op("Add", x, graph.linear(context, *conv1d(f"{p}.attn.c_proj", e, e)))
-        h = gelu(graph.linear(layer_norm(x, f"{p}.ln_2"), *conv1d(f"{p}.mlp.c_fc", e, f)))
-        x = b.op("Add", x, graph.linear(h, *conv1d(f"{p}.mlp.c_proj", f, e)))
+        x = b.op("Add", x, conv1d(context, f"{p}.attn.c_proj", e, e))
+        h = gelu(conv1d(layer_norm(x, f"{p}.ln_2"), f"{p}.mlp.c_fc", e, f))
+        x = b.op("Add", x, conv1d(h, f"{p}.mlp.c_proj", f, e))
     weights.drop("lm_head.weight")
-    graph.logits(layer_norm(x, "transformer.ln_f"), wte)
+    graph.logits(layer_norm(x, "transformer.ln_f"), wte_rows, tied_embedding=wte)

@@ -35,10 +35,9 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     b, e, d = graph.b, spec.hidden_size, spec.head_dim
     q_out, kv_out = spec.num_heads * d, spec.num_kv_heads * d
 
-    def linear(prefix: str, n_in: int, n_out: int, has_bias: bool) -> tuple[str, str | None]:
-        w = b.weight(f"{prefix}.weight_t", weights.take(f"{prefix}.weight", (n_out, n_in)).T)
-        bias = b.weight(f"{prefix}.bias", weights.take(f"{prefix}.bias", (n_out,))) if has_bias else None
-        return w, bias
+    def linear(x: str, prefix: str, n_in: int, n_out: int, has_bias: bool) -> str:
+        bias = weights.take(f"{prefix}.bias", (n_out,)) if has_bias else None
+        return graph.linear(x, prefix, weights.take(f"{prefix}.weight", (n_out, n_in)), bias)
 
     def rms_norm(x: str, name: str) -> str:
         w = b.weight(name, weights.take(name, (e,)))
@@ -53,20 +52,19 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
         h = rms_norm(x, f"{p}.input_layernorm.weight")
-        q = graph.linear(h, *linear(f"{p}.self_attn.q_proj", e, q_out, spec.qkv_bias))
-        k = graph.linear(h, *linear(f"{p}.self_attn.k_proj", e, kv_out, spec.qkv_bias))
-        v = graph.linear(h, *linear(f"{p}.self_attn.v_proj", e, kv_out, spec.qkv_bias))
+        q = linear(h, f"{p}.self_attn.q_proj", e, q_out, spec.qkv_bias)
+        k = linear(h, f"{p}.self_attn.k_proj", e, kv_out, spec.qkv_bias)
+        v = linear(h, f"{p}.self_attn.v_proj", e, kv_out, spec.qkv_bias)
         context = graph.attention(i, q, k, v)
-        x = b.op("Add", x, graph.linear(context, *linear(f"{p}.self_attn.o_proj", q_out, e, spec.o_bias)))
+        x = b.op("Add", x, linear(context, f"{p}.self_attn.o_proj", q_out, e, spec.o_bias))
         h = rms_norm(x, f"{p}.post_attention_layernorm.weight")
-        gate = graph.linear(h, *linear(f"{p}.mlp.gate_proj", e, spec.intermediate_size, spec.mlp_bias))
-        up = graph.linear(h, *linear(f"{p}.mlp.up_proj", e, spec.intermediate_size, spec.mlp_bias))
+        gate = linear(h, f"{p}.mlp.gate_proj", e, spec.intermediate_size, spec.mlp_bias)
+        up = linear(h, f"{p}.mlp.up_proj", e, spec.intermediate_size, spec.mlp_bias)
         act = b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up)                  # silu(gate) * up
-        x = b.op("Add", x, graph.linear(act, *linear(f"{p}.mlp.down_proj", spec.intermediate_size, e, spec.mlp_bias)))
+        x = b.op("Add", x, linear(act, f"{p}.mlp.down_proj", spec.intermediate_size, e, spec.mlp_bias))
     x = rms_norm(x, "model.norm.weight")
     if spec.tied_embeddings:
         weights.drop("lm_head.weight")
-        graph.logits(x, embed)
+        graph.logits(x, embed_rows, tied_embedding=embed)
     else:
-        head = weights.take("lm_head.weight", (spec.vocab_rows, e))[: spec.vocab_size]
-        graph.logits(x, b.weight("lm_head.weight", head))
+        graph.logits(x, weights.take("lm_head.weight", (spec.vocab_rows, e))[: spec.vocab_size])

@@ -3,6 +3,9 @@
 `propose` returns the drafts and, when sampling, the distributions q they were drawn from ([n, V]);
 a deterministic drafter (n-gram lookup) proposes with q one-hot, which keeps speculative sampling
 exact: the draft is accepted with probability p(d), else the token is drawn from p without d.
+A drafter also leaves its confidence in each draft in `confidences` (the draft model's probability of
+it; none for a lookup), and may stop early when `keep(confidences)` says so: that decision uses only the
+draft side, so it changes how many tokens are checked, never which ones the target accepts.
 """
 
 from __future__ import annotations
@@ -20,23 +23,28 @@ class ModelDrafter:
 
     def __init__(self, model: StepModel):
         self.model = model
+        self.confidences: list[float] = []
 
     def start(self, prompt_ids: list[int]) -> None:
         self.model.pos = 0
-        self.model.feed(prompt_ids)
+        self.model.feed(prompt_ids, last=1)
 
-    def propose(self, tokens: list[int], k: int, warp: Warp, rng: np.random.Generator):
+    def propose(self, tokens: list[int], k: int, warp: Warp, rng: np.random.Generator, keep=None):
         dft = self.model
-        logits = dft.feed(tokens[dft.pos:])                      # the 1-2 committed tokens it lacks
-        drafts, q_rows = [], []
+        logits = dft.feed(tokens[dft.pos:], last=1)              # the 1-2 committed tokens it lacks
+        drafts, q_rows, self.confidences = [], [], []
         for i in range(k):
+            row = logits[-1]
             if warp.greedy:
-                drafts.append(int(logits[-1].argmax()))
+                drafts.append(int(row.argmax()))
+                self.confidences.append(float(1.0 / np.exp(row - row[drafts[-1]]).sum()))   # softmax max
             else:
                 q_rows.append(warp.probs(logits[-1:])[0])
                 drafts.append(draw(q_rows[-1], rng))
-            if i < k - 1:
-                logits = dft.feed(drafts[-1:])
+                self.confidences.append(float(q_rows[-1][drafts[-1]]))
+            if i == k - 1 or (keep is not None and not keep(self.confidences)):
+                break
+            logits = dft.feed(drafts[-1:])
         return drafts, (np.stack(q_rows) if q_rows else None)
 
     def commit(self, n_valid: int) -> None:
@@ -51,6 +59,7 @@ class NgramDrafter:
 
     def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1):
         self.vocab_size, self.max_ngram, self.min_ngram = vocab_size, max_ngram, min_ngram
+        self.confidences: list[float] = []
 
     def start(self, prompt_ids: list[int]) -> None:
         pass
@@ -65,8 +74,9 @@ class NgramDrafter:
                 return seq[start:start + k].tolist()
         return []
 
-    def propose(self, tokens: list[int], k: int, warp: Warp, rng: np.random.Generator):
+    def propose(self, tokens: list[int], k: int, warp: Warp, rng: np.random.Generator, keep=None):
         drafts = self.lookup(tokens, k)
+        self.confidences = []
         if warp.greedy or not drafts:
             return drafts, None
         q = np.zeros((len(drafts), self.vocab_size))
@@ -89,9 +99,16 @@ class HybridDrafter:
     def start(self, prompt_ids: list[int]) -> None:
         self.model.start(prompt_ids)
 
-    def propose(self, tokens, k, warp, rng):
+    @property
+    def confidences(self) -> list[float]:
+        return self.model.confidences
+
+    def propose(self, tokens, k, warp, rng, keep=None):
         drafts, q = self.ngram.propose(tokens, k, warp, rng)
-        return (drafts, q) if drafts else self.model.propose(tokens, k, warp, rng)
+        if drafts:
+            self.model.confidences = []
+            return drafts, q
+        return self.model.propose(tokens, k, warp, rng, keep)
 
     def commit(self, n_valid: int) -> None:
         self.model.commit(n_valid)

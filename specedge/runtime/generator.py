@@ -198,7 +198,7 @@ class Generator:
         eos_ids = set() if opts.ignore_eos else self.eos_ids
         t0 = time.perf_counter()
         tgt.pos = 0
-        token = self._pick(tgt.feed(prompt_ids)[-1], warp, rng)              # prefill (chunked)
+        token = self._pick(tgt.feed(prompt_ids, last=1)[-1], warp, rng)              # prefill (chunked)
         if drafter is not None:
             drafter.start(prompt_ids)
         stats.prefill_s = time.perf_counter() - t0
@@ -236,14 +236,14 @@ class Generator:
         tgt = self.target
         # 1. draft: up to k proposals (a drafter may find fewer, an n-gram drafter none)
         t = time.perf_counter()
-        drafts, q = drafter.propose(tokens, k, warp, rng) if k > 0 else ([], None)
+        drafts, q = drafter.propose(tokens, k, warp, rng, policy.keep_drafting) if k > 0 else ([], None)
         draft_s = time.perf_counter() - t
         if drafts and drafter.kind != "ngram":
             stats.n_draft_calls += len(drafts)
         # 2. verify: the target scores [pending token, d1..dk] in one call -> rows [k + 1, V]
         t = time.perf_counter()
         base = tgt.pos
-        rows = tgt.feed(tokens[base:] + drafts)[-(len(drafts) + 1):]
+        rows = tgt.feed(tokens[base:] + drafts, last=len(drafts) + 1)
         # 3. accept: the target decides every token
         if not drafts:
             n, token = 0, self._pick(rows[-1], warp, rng)
@@ -257,6 +257,8 @@ class Generator:
         if drafter is not None:
             drafter.commit(tgt.pos)
         policy.observe(len(drafts), n, draft_s, verify_s, 1 + len(drafts))
+        if drafts and drafter.confidences:
+            policy.observe_confidences(drafter.confidences, n)
         stats.draft_s += draft_s
         stats.verify_s += verify_s
         stats.n_target_calls += 1

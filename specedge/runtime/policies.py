@@ -22,6 +22,13 @@ class Policy:
     def observe(self, k: int, n_accepted: int, draft_s: float, verify_s: float, verify_tokens: int) -> None:
         pass
 
+    def keep_drafting(self, confidences: list[float]) -> bool:
+        """Asked before each further draft step, with the confidences of the drafts made so far."""
+        return True
+
+    def observe_confidences(self, confidences: list[float], n_accepted: int) -> None:
+        pass
+
 
 class FixedPolicy(Policy):
     def __init__(self, k: int):
@@ -80,6 +87,35 @@ class CostModel:
         return max(my + max(slope, 0.0) * (tokens - mx), 1e-9)
 
 
+class ConfidenceCalibration:
+    """P(draft accepted | its confidence), per confidence bin, learned online.
+
+    The prior is a calibrated draft (acceptance = confidence); forgetting follows a change of prompt.
+    Only drafts the target actually judged (every earlier one accepted) are counted.
+    """
+
+    def __init__(self, bins: int = 10, prior_weight: float = 2.0, forget: float = 0.995):
+        mids = [(i + 0.5) / bins for i in range(bins)]
+        self.bins, self.forget = bins, forget
+        self.prior = [(m * prior_weight, prior_weight) for m in mids]
+        self.accepted = [a for a, _ in self.prior]
+        self.tried = [t for _, t in self.prior]
+
+    def bin(self, confidence: float) -> int:
+        return min(int(confidence * self.bins), self.bins - 1)
+
+    def acceptance(self, confidence: float) -> float:
+        b = self.bin(confidence)
+        return self.accepted[b] / self.tried[b]
+
+    def observe(self, confidences: list[float], n_accepted: int) -> None:
+        for i, c in enumerate(confidences[:n_accepted + 1]):
+            b = self.bin(c)
+            (a0, t0), f = self.prior[b], self.forget
+            self.accepted[b] = f * self.accepted[b] + (1 - f) * a0 + (1.0 if i < n_accepted else 0.0)
+            self.tried[b] = f * self.tried[b] + (1 - f) * t0 + 1.0
+
+
 def _ema(old: float | None, new: float, decay: float) -> float:
     return new if old is None else decay * old + (1 - decay) * new
 
@@ -94,16 +130,22 @@ class AdaptivePolicy(Policy):
     steps it tries one more (then one fewer) than the best k, so the costs of other verify sizes and the
     acceptance of deeper positions get measured. While k = 0 wins, it still probes with k = 1 every
     `probe_every` steps, so it notices when the draft becomes useful again.
+
+    Early stop: before each further draft step it weighs that step's expected gain, P(every draft so far
+    is accepted, given their confidences) * a_next, against what the step costs at the current rate
+    (tokens/s times draft step + one more verify token); acceptance per confidence is calibrated online,
+    so the confidence threshold tunes itself to the draft, the prompt and the costs.
     """
 
     name = "adaptive"
 
     def __init__(self, max_draft: int, prior_accept: float = 0.8, prior_weight: float = 1.0, forget: float = 0.97,
                  probe_every: int = 16, explore_every: int = 4, warmup_k: int = 4, tie: float = 0.02,
-                 costs: CostModel | None = None):
+                 early_stop: bool = True, costs: CostModel | None = None):
         self.max_draft, self.forget, self.probe_every, self.warmup_k = max_draft, forget, probe_every, warmup_k
         self.explore_every, self.steps, self.explore_up = explore_every, 0, True
-        self.tie = tie
+        self.tie, self.early_stop, self.rate = tie, early_stop, None
+        self.calibration = ConfidenceCalibration()
         self.observed = [0.0] * max_draft                             # decayed count of real tries
         self.accepted = [prior_accept * prior_weight] * max_draft    # pseudo-counts per position
         self.tried = [prior_weight] * max_draft
@@ -139,6 +181,7 @@ class AdaptivePolicy(Policy):
         rate = [self.expected_tokens(k) / costs[k] if costs[k] else -math.inf for k in range(max_k + 1)]
         # near-ties go to the longer draft: acceptance comes in runs, so deep positions beat their estimate
         best = max(k for k in range(max_k + 1) if rate[k] >= (1 - self.tie) * max(rate))
+        self.rate = max(rate)
         if best == 0 and max_k >= 1:
             self.since_probe += 1
             if self.since_probe >= self.probe_every:
@@ -150,6 +193,18 @@ class AdaptivePolicy(Policy):
             self.explore_up = not self.explore_up
             return min(best + 1, max_k) if self.explore_up else max(best - 1, 1)
         return best
+
+    def keep_drafting(self, confidences: list[float]) -> bool:
+        n = len(confidences)
+        if not self.early_stop or self.rate is None or n >= self.max_draft:
+            return True
+        extra_verify = self.costs.verify(n + 2) - self.costs.verify(n + 1)
+        step_cost = self.costs.draft_step_s + max(extra_verify, 0.0)
+        reach = math.prod(self.calibration.acceptance(c) for c in confidences)
+        return reach * self.acceptance()[n] >= self.rate * step_cost
+
+    def observe_confidences(self, confidences: list[float], n_accepted: int) -> None:
+        self.calibration.observe(confidences, n_accepted)
 
     def observe(self, k, n_accepted, draft_s, verify_s, verify_tokens):
         self.costs.observe_verify(verify_tokens, verify_s)

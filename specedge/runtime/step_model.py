@@ -56,38 +56,47 @@ class StepModel:
                 value = ort.OrtValue.ortvalue_from_numpy(buf)
                 self._past.append(value)
                 self._binding.bind_ortvalue_input(name, value)
-        self._bound_step = 0
+        # v2 graphs compute logits only for the last num_logits tokens; v1 graphs for all of them
+        self.selects_logits = "num_logits" in {i.name for i in self.session.get_inputs()}
+        self._num_logits = np.ones(1, np.int64)
+        if self.selects_logits:
+            self._binding.bind_input("num_logits", "cpu", 0, np.int64, [1], self._num_logits.ctypes.data)
+        self._bound_step = (0, 0)
 
-    def _bind_step(self, n: int) -> None:
+    def _bind_step(self, n: int, rows: int) -> None:
         b = self._binding
         b.bind_input("input_ids", "cpu", 0, np.int64, [1, n], self._ids.ctypes.data)
         b.bind_input("position_ids", "cpu", 0, np.int64, [1, n], self._positions.ctypes.data)
-        b.bind_output("logits", "cpu", 0, np.float32, [1, n, self.vocab_size], self._logits.ctypes.data)
+        b.bind_output("logits", "cpu", 0, np.float32, [1, rows, self.vocab_size], self._logits.ctypes.data)
         kv_shape = [1, self._kv_step_shape[1], n, self._kv_step_shape[3]]
         for i in range(self.num_layers):
             b.bind_output(f"key.{i}", "cpu", 0, np.float32, kv_shape, self._new_k[i].ctypes.data)
             b.bind_output(f"value.{i}", "cpu", 0, np.float32, kv_shape, self._new_v[i].ctypes.data)
-        self._bound_step = n
+        self._bound_step = (n, rows)
 
-    def _run(self, tokens, start: int) -> np.ndarray:
-        """Feeds len(tokens) <= max_step tokens at positions start.. -> logits [T, V] (scratch view)."""
+    def _run(self, tokens, start: int, last: int) -> np.ndarray:
+        """Feeds len(tokens) <= max_step tokens at positions start.. -> logits of the last `last` [last, V]
+        (a scratch view)."""
         n = len(tokens)
-        assert 0 < n <= self.max_step and start + n <= self.max_seq_len, (n, start)
+        assert 0 < n <= self.max_step and start + n <= self.max_seq_len and 0 < last <= n, (n, start, last)
         self._ids[:n] = tokens
         self._positions[:n] = np.arange(start, start + n)
-        if n != self._bound_step:
-            self._bind_step(n)
+        rows = last if self.selects_logits else n
+        self._num_logits[0] = rows
+        if (n, rows) != self._bound_step:
+            self._bind_step(n, rows)
         self.session.run_with_iobinding(self._binding)
         size = n * self._kv_step_shape[1] * self._kv_step_shape[3]
         for i in range(self.num_layers):
             self.keys[i][:, :, start:start + n] = self._new_k[i][:size].reshape(self._kv_step_shape)
             self.values[i][:, :, start:start + n] = self._new_v[i][:size].reshape(self._kv_step_shape)
-        return self._logits[: n * self.vocab_size].reshape(n, self.vocab_size)
+        return self._logits[: rows * self.vocab_size].reshape(rows, self.vocab_size)[rows - last:]
 
-    def feed(self, tokens) -> np.ndarray:
+    def feed(self, tokens, last: int | None = None) -> np.ndarray:
         """Appends tokens after `pos` (chunked) and advances `pos`.
 
-        Returns the logits of the last chunk's tokens [T_last, V]; a view valid until the next call.
+        Returns the logits of the last `last` tokens (default: all of the last chunk) [last, V], a view
+        valid until the next call; `last` may not exceed the last chunk. Earlier chunks get one row.
         """
         tokens = list(tokens)
         if self.pos + len(tokens) > self.max_seq_len:
@@ -95,6 +104,7 @@ class StepModel:
         logits = None
         for at in range(0, len(tokens), self.max_step):
             chunk = tokens[at: at + self.max_step]
-            logits = self._run(chunk, self.pos)
+            final = at + self.max_step >= len(tokens)
+            logits = self._run(chunk, self.pos, (last or len(chunk)) if final else 1)
             self.pos += len(chunk)
         return logits

@@ -65,3 +65,23 @@ def test_generate_chat_and_sampling(cli_bundle):
     assert a["tokens"] == b["tokens"]
     # "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n": 3 special tokens + 18 byte tokens
     assert a["prompt_tokens"] == 21
+
+
+def test_quantized_export_and_inspect(tmp_path):
+    tok = tm.byte_tokenizer()
+    target = tm.make_model("llama", 260, seed=11)
+    tm.save(target, tok, tmp_path / "target")
+    tm.save(tm.perturbed(target, seed=12, noise=0.01), tok, tmp_path / "draft")
+    proc = specedge("export", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
+                    "--out", str(tmp_path / "bundle"), "--max-seq-len", "64", "--draft-quantize", "int8",
+                    "--block-size", "16")
+    assert "draft: writing step graph (int8 weights)" in proc.stderr and "top-1 agreement" in proc.stderr
+    out = specedge("inspect", str(tmp_path / "bundle")).stdout
+    assert "weights float32" in out and "weights int8" in out and "vs unquantized: top-1 agreement" in out
+    manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    assert manifest["models"]["draft"]["quantization"]["block_size"] == 16
+    base = json.loads(specedge("generate", str(tmp_path / "bundle"), "--prompt", "ab", "--max-new-tokens", "30",
+                               "--ignore-eos", "--json", "--no-draft").stdout)
+    spec = json.loads(specedge("generate", str(tmp_path / "bundle"), "--prompt", "ab", "--max-new-tokens", "30",
+                               "--ignore-eos", "--json", "--k", "4").stdout)
+    assert spec["tokens"] == base["tokens"]

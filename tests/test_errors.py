@@ -152,6 +152,9 @@ def test_export_cli_errors(capsys, sources, tmp_path):
     code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none",
                         "--out", str(tmp_path / "notabundle"), "--force")
     assert code == 1 and "not a bundle" in err
+    code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(tmp_path / "b"),
+                        "--quantize", "int4", "--block-size", "24")
+    assert code == 1 and "--block-size" in err and "\n" not in err
     _assert_nothing_left(tmp_path, "b")
 
 

@@ -1,0 +1,154 @@
+"""Weight-only quantization: our packing against onnxruntime's MatMulNBits, and quantized bundles."""
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+import tiny_models as tm
+from conftest import TARGET_ROWS, _export
+from specedge.errors import ExportError
+from specedge.export.quantize import Quantization, dequantize, parse_quantization, quantize
+from specedge.runtime import load
+from specedge.runtime.step_model import StepModel
+
+
+def _matmul_nbits(a: np.ndarray, w: np.ndarray, q: Quantization) -> np.ndarray:
+    """Runs one MatMulNBits node over a [M, K] with w [N, K] quantized by our code."""
+    n, k = w.shape
+    codes, scales, zero_points = quantize(w, q)
+    inits = [helper.make_tensor(name, dtype, arr.shape, arr.tobytes(), raw=True) for name, dtype, arr in (
+        ("codes", TensorProto.UINT8, codes), ("scales", TensorProto.FLOAT, scales),
+        ("zp", TensorProto.UINT8, zero_points))]
+    node = helper.make_node("MatMulNBits", ["a", "codes", "scales", "zp"], ["y"], domain="com.microsoft",
+                            K=k, N=n, bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["m", k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"a": a})[0]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k,block", [(64, 32), (96, 32), (100, 32), (80, 16), (256, 128)])
+def test_packing_matches_matmulnbits(bits, k, block):
+    """96/32 has an odd block count (a half-filled zero-point byte in int4); 100 is not a multiple of 32."""
+    rng = np.random.default_rng(bits * 1000 + k)
+    w = rng.normal(size=(24, k)).astype(np.float32)
+    w[3] = np.abs(w[3])                                 # a row with no negative values: zero point at 0
+    w[5] = 0.0                                          # an all-zero row
+    a = rng.normal(size=(5, k)).astype(np.float32)
+    q = Quantization(bits, block, accuracy_level=0)
+    w_deq = dequantize(*quantize(w, q), k, q)
+    np.testing.assert_allclose(_matmul_nbits(a, w, q), a @ w_deq.T, atol=1e-4, rtol=1e-4)
+    # the rounding error stays within half a quantization step of its block
+    step = (np.maximum(w.max(), 0) - np.minimum(w.min(), 0)) / (2 ** bits - 1)
+    assert np.abs(w - w_deq).max() <= step / 2 + 1e-6
+    assert np.all(w_deq[5] == 0)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_accuracy_level_4_rows_do_not_depend_on_the_row_count(bits):
+    """What makes a quantized target's verify rows equal its single-step rows, bit for bit."""
+    rng = np.random.default_rng(bits)
+    w = rng.normal(size=(40, 128)).astype(np.float32)
+    a = rng.normal(size=(9, 128)).astype(np.float32)
+    q = Quantization(bits, 32, accuracy_level=4)
+    together = _matmul_nbits(a, w, q)
+    alone = np.concatenate([_matmul_nbits(a[i:i + 1], w, q) for i in range(len(a))])
+    np.testing.assert_array_equal(together, alone)
+    w_deq = dequantize(*quantize(w, q), 128, q)
+    np.testing.assert_allclose(together, a @ w_deq.T, atol=0.05 * np.abs(a @ w_deq.T).max())
+
+
+def test_bad_quantization_options():
+    assert parse_quantization("none", 32, 4) is None
+    for args, message in [(("int3", 32, 4), "unknown quantization"), (("int4", 24, 4), "block-size"),
+                          (("int4", 8, 4), "block-size"), (("int8", 32, 7), "accuracy-level")]:
+        with pytest.raises(ExportError, match=message):
+            parse_quantization(*args)
+
+
+@pytest.fixture(scope="module")
+def quantized_bundles(workdir):
+    """The same qwen2 target and perturbed draft, exported three ways."""
+    target = tm.make_model("qwen2", TARGET_ROWS, seed=1)
+    draft = tm.perturbed(target, seed=3, noise=0.01)
+    tok = tm.byte_tokenizer()
+    return {
+        "int4-draft": _export(workdir, "q-int4-draft", target, draft, tok, draft_quantize="int4"),
+        "int4-both": _export(workdir, "q-int4-both", target, draft, tok, quantize="int4"),
+        "int8-acc0": _export(workdir, "q-int8-acc0", target, draft, tok, quantize="int8", accuracy_level=0),
+    }
+
+
+def _manifest(bundle):
+    return json.loads((bundle / "manifest.json").read_text())
+
+
+def test_manifest_records_quantization_and_its_cost(quantized_bundles):
+    models = _manifest(quantized_bundles["int4-draft"])["models"]
+    assert models["target"]["weights"] == "float32" and "quantization" not in models["target"]
+    assert "vs_unquantized" not in models["target"]["export_check"]
+    draft = models["draft"]
+    assert draft["weights"] == "int4"
+    assert draft["quantization"] == {"scheme": "int4", "op": "com.microsoft.MatMulNBits", "bits": 4,
+                                     "block_size": 32, "accuracy_level": 4}
+    cost = draft["export_check"]["vs_unquantized"]
+    assert cost["prompts"] >= 3 and cost["positions"] > 20
+    assert 0.3 < cost["top1_agreement"] <= 1.0      # a tiny random model: flat logits and cost["max_abs_logit_error"] > 0
+    # int4 weights take about a seventh of the fp32 weights' bytes in the quantized matrices
+    fp32_target = models["target"]["weight_bytes"]
+    assert draft["weight_bytes"] < 0.6 * fp32_target
+
+
+def test_accuracy_level_0_matches_the_dequantized_model_tightly(quantized_bundles):
+    for role, entry in _manifest(quantized_bundles["int8-acc0"])["models"].items():
+        check = entry["export_check"]
+        assert check["max_abs_logit_error"] < 1e-3, (role, check)
+        assert "dequantized" in check["reference"]
+        assert check["vs_unquantized"]["top1_agreement"] > 0.9      # int8 barely moves the argmax
+
+
+def test_quantized_target_rows_are_bitwise_equal(quantized_bundles):
+    check = _manifest(quantized_bundles["int4-both"])["models"]["target"]["export_check"]
+    assert check["verify_rows_bitwise_equal"] is True
+
+
+@pytest.mark.parametrize("name", ["int4-draft", "int4-both", "int8-acc0"])
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_quantized_greedy_equals_target_greedy(quantized_bundles, name, k):
+    gen = load(quantized_bundles[name])
+    for prompt in ("def fib(n):", "héllo wörld"):
+        baseline = gen.generate(prompt, max_new_tokens=100, k=0, use_draft=False, ignore_eos=True)
+        result = gen.generate(prompt, max_new_tokens=100, k=k, ignore_eos=True)
+        assert result.tokens == baseline.tokens
+        assert result.stats.acceptance_per_position[0] > 0.25      # accepted runs are exercised too
+
+
+def test_fp32_target_under_int4_draft_is_the_fp32_target(quantized_bundles, good_bundle):
+    """The draft's precision cannot change the output: same tokens as the all-fp32 bundle's target."""
+    reference = load(good_bundle).generate("def fib(n):", max_new_tokens=100, k=0, use_draft=False, ignore_eos=True)
+    result = load(quantized_bundles["int4-draft"]).generate("def fib(n):", max_new_tokens=100, k=4, ignore_eos=True)
+    assert result.tokens == reference.tokens
+
+
+def test_logits_only_for_the_last_rows(quantized_bundles):
+    manifest = _manifest(quantized_bundles["int4-draft"])
+    entry, vocab = manifest["models"]["target"], manifest["vocab_size"]
+    full = StepModel(quantized_bundles["int4-draft"] / entry["file"], entry, manifest["max_seq_len"], vocab, 16)
+    part = StepModel(quantized_bundles["int4-draft"] / entry["file"], entry, manifest["max_seq_len"], vocab, 16)
+    assert full.selects_logits
+    ids = list(range(10, 30))
+    full.feed(ids[:7])
+    part.feed(ids[:7], last=1)
+    rows = full.feed(ids[7:13]).copy()
+    np.testing.assert_array_equal(part.feed(ids[7:13], last=3), rows[-3:])
+    # a chunked prefill returns the last row only
+    chunked = StepModel(quantized_bundles["int4-draft"] / entry["file"], entry, manifest["max_seq_len"], vocab, 4)
+    last = chunked.feed(ids[:13], last=1)
+    assert last.shape == (1, vocab)
+    np.testing.assert_allclose(last, rows[-1:], atol=1e-4)

@@ -178,13 +178,15 @@ def format_stats(s: dict) -> str:
 
 
 def describe(m: dict, verified: bool = False) -> str:
+    from specedge.runtime.memory import kv_buffer_bytes, memory_report
+
     lines = [f"specedge bundle, format {m['format_version']} (specedge {m.get('specedge_version', '?')})",
              f"  vocab {m['vocab_size']}, max_seq_len {m['max_seq_len']}, max_draft {m['max_draft']}, "
              f"dtype {m['dtype']}, eos ids {m['eos_token_ids']}",
              f"  chat template: {'yes' if m['tokenizer'].get('chat_template') else 'no'}"]
     for role, model in m["models"].items():
-        spec, check, kv = model["spec"], model.get("export_check", {}), model["kv"]
-        kv_bytes = 2 * kv["num_layers"] * kv["num_kv_heads"] * m["max_seq_len"] * kv["head_dim"] * 4
+        spec, check = model["spec"], model.get("export_check", {})
+        kv_bytes = kv_buffer_bytes(m, role)
         lines += [
             f"  {role}: {model['architecture']} from {model['source']} ({model['graph_variant']})",
             f"    {spec['num_layers']} layers, hidden {spec['hidden_size']}, heads {spec['num_heads']}/"
@@ -200,6 +202,8 @@ def describe(m: dict, verified: bool = False) -> str:
             q = check["vs_unquantized"]
             lines.append(f"    vs unquantized: top-1 agreement {q['top1_agreement']:.3f} over {q['positions']} "
                          f"prompt positions, max logit error {q['max_abs_logit_error']:.3g}")
+    total = memory_report(m)["total_bytes"]
+    lines.append(f"  memory: weights + KV buffers {total / 2**30:.2f} GiB at max_seq_len {m['max_seq_len']}")
     lines.append(f"  files: {len(m['files'])}" + (", all checksums verified" if verified else ""))
     return "\n".join(lines)
 

@@ -28,6 +28,15 @@ def test_bench_cli_writes_results_and_plots(good_bundle, tmp_path, capsys):
     assert results["policies"]["fixed:2"]["k_mean"] > 1.5
     assert results["policies"]["adaptive"]["k_history"]
     assert "machine" in results and results["bundle"]["max_draft"] == 8
+    memory, manifest = results["memory"], json.loads((good_bundle / "manifest.json").read_text())
+    target = manifest["models"]["target"]
+    assert memory["target"]["weight_bytes"] == target["weight_bytes"]
+    # K and V, per layer: [1, H_kv, max_seq_len, D] float32
+    assert memory["target"]["kv_bytes"] == 2 * target["kv"]["num_layers"] * target["kv"]["num_kv_heads"] * 256 * \
+        target["kv"]["head_dim"] * 4
+    assert memory["total_bytes"] == sum(memory[r]["weight_bytes"] + memory[r]["kv_bytes"] for r in ("target", "draft"))
+    assert results["machine"]["peak_rss_bytes"] > memory["total_bytes"]
+    assert "memory: target float32 weights" in captured.out and "peak RSS" in captured.out
     for plot in ("acceptance_per_position", "accepted_lengths", "k_over_time", "tokens_per_s"):
         assert (tmp_path / "out" / f"{plot}.png").stat().st_size > 1000
     assert "fixed:2" in captured.out and "acceptance per position" in captured.out

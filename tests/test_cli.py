@@ -33,6 +33,7 @@ def cli_bundle(tmp_path_factory):
 def test_inspect(cli_bundle):
     out = specedge("inspect", str(cli_bundle), "--verify").stdout
     assert "LlamaForCausalLM" in out and "max_draft 6" in out and "checksums verified" in out
+    assert "memory: weights + KV buffers" in out and "verify rows bitwise equal: yes" in out
     manifest = json.loads(specedge("inspect", str(cli_bundle), "--json").stdout)
     assert manifest["format_version"] == 1 and set(manifest["models"]) == {"target", "draft"}
 

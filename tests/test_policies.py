@@ -109,3 +109,9 @@ def test_early_stop_can_be_turned_off():
     policy = AdaptivePolicy(max_draft=8, early_stop=False)
     _feed(policy, lambda step, i: i < 2, 20)
     assert policy.keep_drafting([0.01, 0.01])
+
+
+def test_adaptive_no_stop_spec():
+    policy, kind = make_policy("adaptive:no-stop", 8)
+    assert kind == "model" and policy.early_stop is False
+    assert make_policy("adaptive", 8)[0].early_stop is True

@@ -16,6 +16,11 @@ def table(results: dict) -> str:
         lines.append(f"{name:<11} {p['tok_per_s']:7.2f} {p['speedup']:7.2f}x {p['mean_accepted_length']:8.2f} "
                      f"{p['k_mean']:7.2f} {p['target_calls_per_token']:13.2f} {100 * split.get('draft', 0):5.1f}% "
                      f"{100 * split.get('verify', 0):6.1f}% {100 * split.get('other', 0):5.1f}% {same:>5}  {per_pos}")
+    memory, rss = results.get("memory"), results.get("machine", {}).get("peak_rss_bytes")
+    if memory:
+        parts = [f"{role} {m['weights']} weights {m['weight_bytes'] / 2**20:.0f} MiB + KV {m['kv_bytes'] / 2**20:.0f} MiB"
+                 for role, m in memory.items() if role != "total_bytes"]
+        lines.append(f"memory: {', '.join(parts)}; peak RSS {rss / 2**30:.2f} GiB" if rss else f"memory: {', '.join(parts)}")
     lines.append("")
     lines.append("top rejected draft tokens (position: draft -> target wanted, count)")
     for name, p in results["policies"].items():

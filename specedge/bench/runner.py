@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import platform
-import resource
 import statistics
 from collections import Counter
 from pathlib import Path
 
 from specedge.errors import OptionError
+from specedge.runtime.memory import memory_report, peak_rss_bytes
 
 BUILTIN_PROMPTS = [
     {"prompt": "def quicksort(arr):\n"},
@@ -72,7 +72,7 @@ def run_bench(gen, prompts: list[dict], policies: list[str], max_new_tokens: int
     target_tps = results["target"]["tok_per_s"]
     for entry in results.values():
         entry["speedup"] = entry["tok_per_s"] / target_tps if target_tps else 0.0
-    return {"policies": results, "machine": machine_info(gen),
+    return {"policies": results, "machine": machine_info(gen), "memory": memory_report(gen.manifest),
             "bundle": {"path": str(gen.path), "max_draft": gen.max_draft,
                        "models": {role: m["source"] for role, m in gen.manifest["models"].items()}},
             "settings": {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
@@ -128,7 +128,7 @@ def machine_info(gen) -> dict:
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "python": platform.python_version(),
             "onnxruntime": __import__("onnxruntime").__version__,
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            "peak_rss_bytes": peak_rss_bytes()}
 
 
 def write_results(results: dict, out: Path) -> Path:

@@ -219,11 +219,11 @@ class AdaptivePolicy(Policy):
             self.observed[i] = self.forget * self.observed[i] + 1.0
 
 
-POLICY_NAMES = ("target", "fixed:K", "heuristic", "adaptive", "ngram", "hybrid")
+POLICY_NAMES = ("target", "fixed:K", "heuristic", "adaptive", "adaptive:no-stop", "ngram", "hybrid")
 
 
 def make_policy(spec: str, max_draft: int) -> tuple[Policy, str]:
-    """'fixed:4' | 'heuristic' | 'adaptive' | 'target' | 'ngram[:K]' | 'hybrid[:K]' -> (policy, drafter kind).
+    """'fixed:4' | 'heuristic' | 'adaptive[:no-stop]' | 'target' | 'ngram[:K]' | 'hybrid[:K]' -> (policy, drafter kind).
 
     ngram and hybrid pick k like `adaptive` unless given a fixed K.
     """
@@ -240,6 +240,8 @@ def make_policy(spec: str, max_draft: int) -> tuple[Policy, str]:
         return FixedPolicy(k), {"fixed": "model"}.get(name, name)
     if name == "heuristic" and not arg:
         return HeuristicPolicy(limit=max_draft, start=min(5, max_draft)), "model"
+    if name == "adaptive" and arg == "no-stop":
+        return AdaptivePolicy(max_draft, early_stop=False), "model"
     if name in ("adaptive", "ngram", "hybrid") and not arg:
         return AdaptivePolicy(max_draft), {"adaptive": "model"}.get(name, name)
     raise OptionError(f"unknown policy '{spec}' (known: {', '.join(POLICY_NAMES)})")

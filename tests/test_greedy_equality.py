@@ -96,7 +96,7 @@ def test_eos_and_stop_strings(gens):
 
 
 @pytest.mark.parametrize("pair", ["good", "bad-llama"])
-@pytest.mark.parametrize("policy", ["heuristic", "adaptive", "ngram", "ngram:4", "hybrid", "hybrid:3"])
+@pytest.mark.parametrize("policy", ["heuristic", "adaptive", "adaptive:stop", "ngram", "ngram:4", "hybrid", "hybrid:3"])
 def test_every_policy_keeps_greedy_exact(gens, pair, policy):
     gen = gens[pair]
     prompt = "for i in range(10):\n    print(i)\n" * 2                # repeats itself: n-gram matches exist

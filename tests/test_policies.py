@@ -82,7 +82,7 @@ def test_ngram_lookup():
 def test_adaptive_early_stop_learns_which_confidences_get_rejected():
     """Drafts with confidence < 0.5 are always rejected, the others always accepted: after training,
     drafting stops at a low-confidence draft and goes on after high-confidence ones (counted, not timed)."""
-    policy = AdaptivePolicy(max_draft=8)
+    policy = AdaptivePolicy(max_draft=8, early_stop=True)
     stops_low, stops_high = [], []
     for step in range(200):
         k = policy.next_k(8)
@@ -111,7 +111,7 @@ def test_early_stop_can_be_turned_off():
     assert policy.keep_drafting([0.01, 0.01])
 
 
-def test_adaptive_no_stop_spec():
-    policy, kind = make_policy("adaptive:no-stop", 8)
-    assert kind == "model" and policy.early_stop is False
-    assert make_policy("adaptive", 8)[0].early_stop is True
+def test_adaptive_stop_spec():
+    policy, kind = make_policy("adaptive:stop", 8)
+    assert kind == "model" and policy.early_stop is True
+    assert make_policy("adaptive", 8)[0].early_stop is False      # off by default: measured not to pay

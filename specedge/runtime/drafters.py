@@ -3,8 +3,8 @@
 `propose` returns the drafts and, when sampling, the distributions q they were drawn from ([n, V]);
 a deterministic drafter (n-gram lookup) proposes with q one-hot, which keeps speculative sampling
 exact: the draft is accepted with probability p(d), else the token is drawn from p without d.
-A drafter also leaves its confidence in each draft in `confidences` (the draft model's probability of
-it; none for a lookup), and may stop early when `keep(confidences)` says so: that decision uses only the
+When given `keep`, a drafter also leaves its confidence in each draft in `confidences` (the draft
+model's probability of it; none for a lookup) and may stop early when `keep(confidences)` says so: that decision uses only the
 draft side, so it changes how many tokens are checked, never which ones the target accepts.
 """
 
@@ -37,11 +37,12 @@ class ModelDrafter:
             row = logits[-1]
             if warp.greedy:
                 drafts.append(int(row.argmax()))
-                self.confidences.append(float(1.0 / np.exp(row - row[drafts[-1]]).sum()))   # softmax max
             else:
                 q_rows.append(warp.probs(logits[-1:])[0])
                 drafts.append(draw(q_rows[-1], rng))
-                self.confidences.append(float(q_rows[-1][drafts[-1]]))
+            if keep is not None:                                 # a softmax over V: only when asked
+                self.confidences.append(float(q_rows[-1][drafts[-1]]) if q_rows
+                                        else float(1.0 / np.exp(row - row[drafts[-1]]).sum()))
             if i == k - 1 or (keep is not None and not keep(self.confidences)):
                 break
             logits = dft.feed(drafts[-1:])

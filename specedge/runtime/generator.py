@@ -236,7 +236,7 @@ class Generator:
         tgt = self.target
         # 1. draft: up to k proposals (a drafter may find fewer, an n-gram drafter none)
         t = time.perf_counter()
-        drafts, q = drafter.propose(tokens, k, warp, rng, policy.keep_drafting) if k > 0 else ([], None)
+        drafts, q = drafter.propose(tokens, k, warp, rng, policy.keep_drafting if policy.early_stop else None) if k > 0 else ([], None)
         draft_s = time.perf_counter() - t
         if drafts and drafter.kind != "ngram":
             stats.n_draft_calls += len(drafts)

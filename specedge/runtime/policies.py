@@ -14,6 +14,7 @@ from specedge.errors import OptionError
 
 
 class Policy:
+    early_stop = False                # True: ask keep_drafting before each further draft step
     name = "policy"
 
     def next_k(self, max_k: int) -> int:

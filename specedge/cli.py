@@ -32,9 +32,11 @@ def cli():
 @click.option("--block-size", default=32, show_default=True, type=int, help="Quantization block size along K.")
 @click.option("--accuracy-level", default=4, show_default=True, type=click.IntRange(0, 4),
               help="MatMulNBits compute: 4 = int8 activations (fast, rows independent), 0 = float.")
+@click.option("--attention", default="gqa", show_default=True, type=click.Choice(["gqa", "scatter"]),
+              help="Step-graph attention: gqa = in-place KV, valid length only; scatter = copy of the whole buffer.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
 def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draft_quantize, block_size,
-           accuracy_level, force):
+           accuracy_level, attention, force):
     """Export a target and a draft model into a bundle."""
     try:
         from specedge.export import export_bundle
@@ -44,7 +46,8 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
     draft = None if draft.lower() == "none" else draft
     export_bundle(target, draft, out, max_seq_len=max_seq_len, max_draft=max_draft, tolerance=tolerance,
                   force=force, progress=lambda line: click.echo(line, err=True), quantize=quantize,
-                  draft_quantize=draft_quantize, block_size=block_size, accuracy_level=accuracy_level)
+                  draft_quantize=draft_quantize, block_size=block_size, accuracy_level=accuracy_level,
+                  attention=attention)
 
 
 @cli.command()

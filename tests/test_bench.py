@@ -5,6 +5,7 @@ import json
 import pytest
 
 from specedge.bench import load_prompts, run_bench
+from specedge.bench.bandwidth import bytes_per_token, copy_bandwidth
 from specedge.cli import main
 from specedge.errors import OptionError
 from specedge.runtime import load
@@ -40,6 +41,44 @@ def test_bench_cli_writes_results_and_plots(good_bundle, tmp_path, capsys):
     for plot in ("acceptance_per_position", "accepted_lengths", "k_over_time", "tokens_per_s"):
         assert (tmp_path / "out" / f"{plot}.png").stat().st_size > 1000
     assert "fixed:2" in captured.out and "acceptance per position" in captured.out
+    _check_bandwidth_and_prediction(results, target)
+    assert "bandwidth: copy" in captured.out and "meas/pred" in captured.out
+
+
+def _check_bandwidth_and_prediction(results, target_entry):
+    bw, policies = results["bandwidth"], results["policies"]
+    assert bw["bytes_per_token"] == bytes_per_token(target_entry)
+    assert bw["copy_bytes_per_s"] >= bw["copy_bytes_per_s_median"] > 0
+    assert bw["bound_tok_per_s"] == pytest.approx(bw["copy_bytes_per_s"] / bw["bytes_per_token"])
+    assert bw["fraction_of_bound"] == pytest.approx(policies["target"]["decode_tok_per_s"] / bw["bound_tok_per_s"])
+    # the prediction, recomputed from the raw per-request stats
+    def costs(name):
+        stats = [r["stats"] for r in policies[name]["requests"]]
+        calls = sum(s["target_calls"] for s in stats)
+        draft_calls = sum(s["draft_calls"] for s in stats)
+        return (sum(s["new_tokens"] - 1 for s in stats) / calls, sum(s["drafted_tokens"] for s in stats) / calls,
+                sum(s["time_s"]["draft"] for s in stats) / draft_calls if draft_calls else 0.0,
+                sum(s["time_s"]["verify"] for s in stats) / calls)
+    plain = costs("target")[3]
+    assert policies["target"]["predicted_speedup"] == pytest.approx(1.0)
+    tokens, drafts, draft_cost, verify_cost = costs("fixed:2")
+    assert tokens > 1.5 and drafts == pytest.approx(2.0)
+    predicted = tokens * plain / (drafts * draft_cost + verify_cost)
+    assert policies["fixed:2"]["predicted_speedup"] == pytest.approx(predicted)
+    assert policies["fixed:2"]["measured_vs_predicted"] == pytest.approx(policies["fixed:2"]["speedup"] / predicted)
+
+
+def test_bytes_per_token_skips_gather_only_embeddings():
+    spec = {"vocab_size": 100, "hidden_size": 8, "tied_embeddings": True}
+    embedding = 100 * 8 * 4
+    assert bytes_per_token({"spec": spec, "weight_bytes": 10_000}) == 10_000           # fp32 head reads it all
+    assert bytes_per_token({"spec": {**spec, "tied_embeddings": False}, "weight_bytes": 10_000}) == 10_000 - embedding
+    assert bytes_per_token({"spec": spec, "weight_bytes": 10_000, "weights": "int4"}) == 10_000 - embedding
+
+
+def test_copy_bandwidth_measures_something():
+    bw = copy_bandwidth(nbytes=8 << 20, repeats=3, threads=2)
+    assert bw["threads"] == 2 and bw["bytes"] == 8 << 20 and bw["best"] >= bw["median"] > 1e8
 
 
 def test_bench_rejects_bad_input(good_bundle, tmp_path, capsys):

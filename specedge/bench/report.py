@@ -7,20 +7,29 @@ from pathlib import Path
 
 def table(results: dict) -> str:
     head = (f"{'policy':<11} {'tok/s':>7} {'speedup':>8} {'acc len':>8} {'k mean':>7} {'tgt calls/tok':>13} "
-            f"{'draft':>6} {'verify':>7} {'other':>6} {'same':>5}  acceptance per position")
+            f"{'draft':>6} {'verify':>7} {'other':>6} {'predicted':>9} {'meas/pred':>9} {'same':>5}  "
+            "acceptance per position")
     lines = [head, "-" * len(head)]
     for name, p in results["policies"].items():
         split = p["time_split"]
         same = {True: "yes", False: "NO", None: "n/a"}[p["identical_to_target"]]
         per_pos = " ".join(f"{a:.2f}" for a in p["acceptance_per_position"]) or "-"
+        predicted = f"{p['predicted_speedup']:8.2f}x" if p.get("predicted_speedup") else f"{'-':>9}"
+        ratio = f"{p['measured_vs_predicted']:9.2f}" if p.get("measured_vs_predicted") else f"{'-':>9}"
         lines.append(f"{name:<11} {p['tok_per_s']:7.2f} {p['speedup']:7.2f}x {p['mean_accepted_length']:8.2f} "
                      f"{p['k_mean']:7.2f} {p['target_calls_per_token']:13.2f} {100 * split.get('draft', 0):5.1f}% "
-                     f"{100 * split.get('verify', 0):6.1f}% {100 * split.get('other', 0):5.1f}% {same:>5}  {per_pos}")
+                     f"{100 * split.get('verify', 0):6.1f}% {100 * split.get('other', 0):5.1f}% {predicted} {ratio} "
+                     f"{same:>5}  {per_pos}")
     memory, rss = results.get("memory"), results.get("machine", {}).get("peak_rss_bytes")
     if memory:
         parts = [f"{role} {m['weights']} weights {m['weight_bytes'] / 2**20:.0f} MiB + KV {m['kv_bytes'] / 2**20:.0f} MiB"
                  for role, m in memory.items() if role != "total_bytes"]
         lines.append(f"memory: {', '.join(parts)}; peak RSS {rss / 2**30:.2f} GiB" if rss else f"memory: {', '.join(parts)}")
+    bound = results.get("bandwidth")
+    if bound:
+        lines.append(f"bandwidth: copy {bound['copy_bytes_per_s'] / 1e9:.1f} GB/s ({bound['threads']} threads); target "
+                     f"reads {bound['bytes_per_token'] / 2**20:.0f} MiB/token -> bound {bound['bound_tok_per_s']:.2f} "
+                     f"tok/s; plain decode at {bound.get('fraction_of_bound', 0):.2f} of it")
     lines.append("")
     lines.append("top rejected draft tokens (position: draft -> target wanted, count)")
     for name, p in results["policies"].items():

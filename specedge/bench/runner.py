@@ -9,6 +9,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
+from specedge.bench.bandwidth import bandwidth_bound, copy_bandwidth
 from specedge.errors import OptionError
 from specedge.runtime.memory import memory_report, peak_rss_bytes
 
@@ -54,6 +55,7 @@ def run_bench(gen, prompts: list[dict], policies: list[str], max_new_tokens: int
     for spec in policies:
         gen._options({"policy": spec})                         # validates every name before any work
     base = dict(max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=True)
+    bandwidth = [copy_bandwidth()]
     for spec in policies:                                      # warm-up, excluded
         gen.generate(prompts[0]["prompt"], **{**base, "max_new_tokens": 8}, policy=spec, seed=seed)
     runs = {spec: [[None] * len(prompts) for _ in range(repeat)] for spec in policies}
@@ -67,16 +69,34 @@ def run_bench(gen, prompts: list[dict], policies: list[str], max_new_tokens: int
                 done += 1
                 if progress:
                     progress(done, total, f"repeat {r + 1}/{repeat}, prompt {i + 1}/{len(prompts)}, {spec}")
+    bandwidth.append(copy_bandwidth())                         # before and after: drift shows, the best counts
     greedy = temperature == 0.0
     results = {spec: _aggregate(gen, spec, runs[spec], runs["target"], greedy) for spec in policies}
-    target_tps = results["target"]["tok_per_s"]
+    target = results["target"]
     for entry in results.values():
-        entry["speedup"] = entry["tok_per_s"] / target_tps if target_tps else 0.0
+        entry["speedup"] = entry["tok_per_s"] / target["tok_per_s"] if target["tok_per_s"] else 0.0
+        entry["decode_speedup"] = (entry["decode_tok_per_s"] / target["decode_tok_per_s"]
+                                   if target["decode_tok_per_s"] else 0.0)
+        entry["predicted_speedup"] = _predicted_speedup(entry, target)
+        entry["measured_vs_predicted"] = (entry["speedup"] / entry["predicted_speedup"]
+                                          if entry["predicted_speedup"] else None)
+    best = max(bandwidth, key=lambda b: b["best"])
     return {"policies": results, "machine": machine_info(gen), "memory": memory_report(gen.manifest),
+            "bandwidth": bandwidth_bound(gen.manifest["models"]["target"], best, target["decode_tok_per_s"]),
             "bundle": {"path": str(gen.path), "max_draft": gen.max_draft,
                        "models": {role: m["source"] for role, m in gen.manifest["models"].items()}},
             "settings": {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
                          "repeat": repeat, "prompts": len(prompts)}}
+
+
+def _predicted_speedup(entry: dict, target: dict) -> float | None:
+    """Speculation's textbook speedup from this run's own numbers: tokens per decode step times the cost of
+    a plain target step, over a step's cost (k drafts + one verify call). Host work, prefill and the
+    draft's prefill are not in it, so measured / predicted shows what the loop loses beyond the models."""
+    costs = entry["step_costs"]
+    step = costs["draft_per_call"] * costs["drafts_per_step"] + costs["verify_per_call"]
+    plain = target["step_costs"]["verify_per_call"]
+    return costs["tokens_per_step"] * plain / step if step and plain else None
 
 
 def _aggregate(gen, spec: str, runs, target_runs, greedy: bool) -> dict:
@@ -94,6 +114,8 @@ def _aggregate(gen, spec: str, runs, target_runs, greedy: bool) -> dict:
         k_history += s.k_history
     n_verify = sum(s.n_verify for s in stats)
     n_tokens = sum(s.new_tokens for s in stats)
+    n_calls, n_draft_calls = sum(s.n_target_calls for s in stats), sum(s.n_draft_calls for s in stats)
+    decode_tokens = n_tokens - len(stats)                      # the first token of each request is prefill's
     time_total = sum(s.total_s for s in stats)
     split = {"prefill": sum(s.prefill_s for s in stats), "draft": sum(s.draft_s for s in stats),
              "verify": sum(s.verify_s for s in stats)}
@@ -104,8 +126,14 @@ def _aggregate(gen, spec: str, runs, target_runs, greedy: bool) -> dict:
     accepted_lengths = Counter()
     for s in stats:
         accepted_lengths.update(s.accepted_lengths)
+    decode_s = split["draft"] + split["verify"] + split["other"]
     return {
         "tok_per_s": statistics.median(per_repeat), "tok_per_s_per_repeat": per_repeat,
+        "decode_tok_per_s": decode_tokens / decode_s if decode_s else 0.0,
+        "step_costs": {"tokens_per_step": decode_tokens / n_calls if n_calls else 0.0,
+                       "drafts_per_step": sum(s.n_drafted for s in stats) / n_calls if n_calls else 0.0,
+                       "draft_per_call": split["draft"] / n_draft_calls if n_draft_calls else 0.0,
+                       "verify_per_call": split["verify"] / n_calls if n_calls else 0.0},
         "mean_accepted_length": 1 + sum(s.n_accepted for s in stats) / n_verify if n_verify else 1.0,
         "acceptance_per_position": [accepted_at[i] / drafted_at[i] for i in sorted(drafted_at)],
         "drafted_per_position": [drafted_at[i] for i in sorted(drafted_at)],

@@ -83,13 +83,17 @@ class GraphBuilder:
         return name
 
     def output(self, value: str, name: str, elem_type: int, shape: list) -> str:
-        self.nodes.append(helper.make_node("Identity", [value], [name], name=f"out_{name}"))
+        """Makes `value` the graph output `name` (an Identity node; a value already named so is declared only)."""
+        if value != name:
+            self.nodes.append(helper.make_node("Identity", [value], [name], name=f"out_{name}"))
         self.outputs.append(helper.make_tensor_value_info(name, elem_type, shape))
         return name
 
     # -- ops ----------------------------------------------------------------------------------
-    def op(self, op_type: str, *inputs: str, n_out: int = 1, domain: str = "", **attrs):
-        outs = [self._fresh(op_type.lower()) for _ in range(n_out)]
+    def op(self, op_type: str, *inputs: str, n_out: int = 1, domain: str = "", out_names=None, **attrs):
+        """Adds a node; `out_names` (None entries get fresh names) names outputs that must be the node's own
+        tensors, such as graph outputs bound to the inputs' memory."""
+        outs = [name or self._fresh(op_type.lower()) for name in (out_names or [None] * n_out)]
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=outs[0],
                                            domain=domain or None, **attrs))
         return outs[0] if n_out == 1 else outs

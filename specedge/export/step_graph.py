@@ -9,11 +9,23 @@ outputs  logits         float [B, n, V]
          key.{i}        float [B, H_kv, T, D]     K/V of the T new tokens only (after RoPE)
          value.{i}      float [B, H_kv, T, D]
 
-Inside the graph the new K/V are scattered into a copy of the buffer at their positions, and a query
-at position p attends to slots j <= p of that copy. Slots beyond the committed length (stale drafts)
-never matter, so rejection costs nothing; and a token's attention sums over the same slots in the
-same order whether it arrives alone or in a verify call of k + 1 tokens, so verify rows equal
-single-step rows bit for bit (what keeps greedy speculation identical to target-only greedy).
+Two attention variants (ATTENTION_VARIANTS), recorded in the manifest as graph_variant:
+
+"scatter" (static-kv-scatter-v2): the new K/V are scattered into a copy of the buffer at their positions,
+and a query at position p attends to slots j <= p of that copy; outputs key.{i}/value.{i} are the new
+tokens' K/V [B, H_kv, T, D], which the runtime writes into its buffers. Every step copies and attends
+over all S_max slots.
+
+"gqa" (static-kv-gqa-v1): com.microsoft GroupQueryAttention with present_key.{i}/present_value.{i}
+[B, H_kv, S_max, D] bound by the runtime to the same memory as past_key.{i}: the new K/V are written in
+place and attention reads only the valid length (the last position + 1). Its rows are bitwise
+independent of the step length T only for T >= 2 (a single row takes another MLAS path), so the
+runtime feeds a single token together with the one before it (rewriting that slot with the same bits).
+
+Either way slots beyond the committed length (stale drafts) never matter, so rejection costs nothing;
+and a token's attention sums over the same slots in the same order whether it arrives alone or in a
+verify call of k + 1 tokens, so verify rows equal single-step rows bit for bit (what keeps greedy
+speculation identical to target-only greedy).
 `num_logits` exists because the LM head is a large share of a step: prefill and draft catch-up need
 one row, verification k + 1. Linear layers are MatMul on fp32 weights, or MatMulNBits on weights
 quantized at export (see quantize.py).
@@ -28,15 +40,17 @@ from specedge.export.onnx_builder import GraphBuilder
 from specedge.export.quantize import Quantization, quantize
 from specedge.models.spec import ModelSpec, rope_inv_freq
 
-GRAPH_VARIANT = "static-kv-scatter-v2"       # v1: no num_logits input (still loadable)
+ATTENTION_VARIANTS = {"scatter": "static-kv-scatter-v2",    # v1: no num_logits input (still loadable)
+                      "gqa": "static-kv-gqa-v1"}
 
 
 class StepGraph:
     """Inputs, the shared mask and RoPE tables, attention, and the outputs of one step graph."""
 
     def __init__(self, builder: GraphBuilder, spec: ModelSpec, max_seq_len: int,
-                 quantization: Quantization | None = None):
+                 quantization: Quantization | None = None, attention: str = "scatter"):
         self.b, self.spec, self.max_seq_len, self.quantization = builder, spec, max_seq_len, quantization
+        self.in_place = attention == "gqa"
         self.quantized: dict[str, tuple] = {}          # module name -> (codes, scales, zero points, K), for the check
         # Attention runs as one matrix product per kv head with R*T query rows. MLAS takes a different
         # accumulation path for a single row, so R >= 2 keeps verify rows bitwise equal to single steps:
@@ -50,7 +64,10 @@ class StepGraph:
         self.past = [(b.input(f"past_key.{i}", TensorProto.FLOAT, kv_shape),
                       b.input(f"past_value.{i}", TensorProto.FLOAT, kv_shape))
                      for i in range(spec.num_layers)]
-        self.visible = self._visibility()
+        if self.in_place:
+            self.seqlens_k, self.total_length = self._valid_length()
+        else:
+            self.visible = self._visibility()
         self.cos_sin = self._rope_tables() if spec.rope else None
         self.scale = b.const(np.float32(1.0 / np.sqrt(spec.head_dim)), np.float32, "attn_scale")
         self.masked = b.const(np.float32(np.finfo(np.float32).min), np.float32, "masked")
@@ -63,17 +80,25 @@ class StepGraph:
         visible = b.op("Unsqueeze", visible, b.const([1]))                                # [B, 1, T, S]
         return b.op("Tile", visible, b.const([1, 1, self.query_rows, 1]))                 # [B, 1, R*T, S]
 
+    def _valid_length(self) -> tuple[str, str]:
+        """GroupQueryAttention's lengths: seqlens_k int32 [B] = last position, total int32 [] = max + 1."""
+        b, pos = self.b, self.position_ids
+        last = b.op("Squeeze", b.op("Slice", pos, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1])),
+                    b.const([1]))                                                         # [B]
+        total = b.op("Add", b.op("ReduceMax", last, keepdims=0), b.const(1))              # []
+        return b.op("Cast", last, to=TensorProto.INT32), b.op("Cast", total, to=TensorProto.INT32)
+
     def _rope_tables(self) -> tuple[str, str]:
         b = self.b
         inv_freq = b.weight("rope.inv_freq", rope_inv_freq(self.spec.rope, self.spec.head_dim).reshape(1, 1, -1))
         pos = b.op("Unsqueeze", b.op("Cast", self.position_ids, to=TensorProto.FLOAT), b.const([2]))  # [B, T, 1]
         freqs = b.op("Mul", pos, inv_freq)                                                # [B, T, D/2]
-        axis = b.const([1])
-        return (b.op("Unsqueeze", b.op("Cos", freqs), axis),                              # [B, 1, T, D/2]
+        axis = b.const([2 if self.in_place else 1])
+        return (b.op("Unsqueeze", b.op("Cos", freqs), axis),              # [B, 1, T, D/2] or [B, T, 1, D/2]
                 b.op("Unsqueeze", b.op("Sin", freqs), axis))
 
     def _rotate(self, x: str) -> str:
-        """HF's rotate-half RoPE on x [B, H, T, D]."""
+        """HF's rotate-half RoPE on x [B, H, T, D] (scatter) or [B, T, H, D] (gqa)."""
         b, (cos, sin) = self.b, self.cos_sin
         x1, x2 = b.op("Split", x, axis=-1, n_out=2)
         first = b.op("Sub", b.op("Mul", x1, cos), b.op("Mul", x2, sin))
@@ -104,7 +129,9 @@ class StepGraph:
                     K=k, N=n, bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
 
     def attention(self, layer: int, q: str, k: str, v: str) -> str:
-        """q [B, T, H*D], k/v [B, T, H_kv*D] -> context [B, T, H*D]; emits key.{layer}/value.{layer}."""
+        """q [B, T, H*D], k/v [B, T, H_kv*D] -> context [B, T, H*D]; emits this variant's K/V outputs."""
+        if self.in_place:
+            return self._attention_in_place(layer, q, k, v)
         b, s = self.b, self.spec
         q, k, v = self._heads(q, s.num_heads), self._heads(k, s.num_kv_heads), self._heads(v, s.num_kv_heads)
         if self.cos_sin:
@@ -128,6 +155,26 @@ class StepGraph:
         context = b.op("Transpose", context, perm=[0, 2, 1, 3])                           # [B, T, H, D]
         return b.op("Reshape", context, b.const([0, 0, s.num_heads * s.head_dim]))
 
+    def _attention_in_place(self, layer: int, q: str, k: str, v: str) -> str:
+        b, s = self.b, self.spec
+        if self.cos_sin:
+            d = s.head_dim
+            q = b.op("Reshape", self._rotate(b.op("Reshape", q, b.const([0, 0, s.num_heads, d]))),
+                     b.const([0, 0, s.num_heads * d]))
+            k = b.op("Reshape", self._rotate(b.op("Reshape", k, b.const([0, 0, s.num_kv_heads, d]))),
+                     b.const([0, 0, s.num_kv_heads * d]))
+        past_k, past_v = self.past[layer]
+        # present_* are the node's own outputs (no Identity): onnxruntime shares them with past_* only then
+        present = (f"present_key.{layer}", f"present_value.{layer}")
+        context, present_k, present_v = b.op(
+            "GroupQueryAttention", q, k, v, past_k, past_v, self.seqlens_k, self.total_length, n_out=3,
+            out_names=[None, *present], domain="com.microsoft", num_heads=s.num_heads, kv_num_heads=s.num_kv_heads,
+            scale=float(1.0 / np.sqrt(s.head_dim)))
+        kv_shape = ["batch", s.num_kv_heads, self.max_seq_len, s.head_dim]
+        b.output(present_k, f"present_key.{layer}", TensorProto.FLOAT, kv_shape)
+        b.output(present_v, f"present_value.{layer}", TensorProto.FLOAT, kv_shape)
+        return context                                                                    # [B, T, H*D]
+
     def logits(self, hidden: str, head: np.ndarray, tied_embedding: str | None = None) -> None:
         """hidden [B, T, E], head [V, E] (HF layout) -> logits [B, n, V] of the last n = num_logits tokens.
 
@@ -147,10 +194,11 @@ class StepGraph:
         b.output(logits, "logits", TensorProto.FLOAT, ["batch", "logit_rows", v])
 
 
-def io_names(num_layers: int) -> dict:
+def io_names(num_layers: int, attention: str = "scatter") -> dict:
     """The I/O names of a step graph, as the manifest records them."""
+    kv_out = ("present_key", "present_value") if attention == "gqa" else ("key", "value")
     return {
         "inputs": ["input_ids", "position_ids", "num_logits"]
         + [n for i in range(num_layers) for n in (f"past_key.{i}", f"past_value.{i}")],
-        "outputs": ["logits"] + [n for i in range(num_layers) for n in (f"key.{i}", f"value.{i}")],
+        "outputs": ["logits"] + [f"{name}.{i}" for i in range(num_layers) for name in kv_out],
     }

@@ -73,8 +73,9 @@ class Generator:
         models = m["models"]
         self.target = StepModel(self.path / models["target"]["file"], models["target"], self.max_seq_len,
                                 self.vocab_size, max_step, threads)
+        # the draft only proposes: its rows need not be bitwise stable, so it skips the padding of in-place graphs
         self.draft = (StepModel(self.path / models["draft"]["file"], models["draft"], self.max_seq_len,
-                                self.vocab_size, max_step, threads) if "draft" in models else None)
+                                self.vocab_size, max_step, threads, exact_rows=False) if "draft" in models else None)
         self.last_result: GenerationResult | None = None
         self._policies: dict[str, tuple] = {}
 

@@ -1,9 +1,14 @@
 """One exported model behind onnxruntime, with its static KV buffers and its position counter.
 
 The buffers are allocated once and bound to the session once (zero-copy OrtValues); each call binds
-only preallocated scratch views for ids, positions, logits and the new K/V, so a step allocates no
-KV memory. `pos` is the number of committed tokens in the buffers: rejecting drafts means setting it
-back, nothing else: slots at or beyond `pos` are masked by the graph and overwritten later.
+only preallocated scratch views for ids, positions, logits and (scatter graphs) the new K/V, so a step
+allocates no KV memory. `pos` is the number of committed tokens in the buffers: rejecting drafts means
+setting it back, nothing else: slots at or beyond `pos` are masked by the graph and overwritten later.
+
+In-place graphs (gqa) write the buffers themselves: their present_* outputs are bound to the past_*
+memory. Their rows are bitwise independent of the step length only from two tokens on, so with
+`exact_rows` a single token is fed together with the token before it (or a copy of itself at
+position 0, whose extra slot is overwritten later): what keeps verify rows equal to single steps.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ def session_options(threads: int | None) -> ort.SessionOptions:
 
 class StepModel:
     def __init__(self, path: Path, model: dict, max_seq_len: int, vocab_size: int, max_step: int,
-                 threads: int | None = None):
+                 threads: int | None = None, exact_rows: bool = True):
         try:
             self.session = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime raises its own untyped errors for bad files
@@ -36,6 +41,10 @@ class StepModel:
         kv = model["kv"]
         self.num_layers, self.max_seq_len, self.vocab_size = kv["num_layers"], max_seq_len, vocab_size
         self.max_step = max_step
+        outputs = {o.name for o in self.session.get_outputs()}
+        self.in_place = "present_key.0" in outputs
+        self.pads_single = self.in_place and exact_rows
+        assert max_step >= 2 or not self.pads_single
         kv_shape = (1, kv["num_kv_heads"], max_seq_len, kv["head_dim"])                   # [B, H_kv, S, D]
         self.keys = [np.zeros(kv_shape, np.float32) for _ in range(self.num_layers)]
         self.values = [np.zeros(kv_shape, np.float32) for _ in range(self.num_layers)]
@@ -46,8 +55,10 @@ class StepModel:
         self._ids = np.zeros(max_step, np.int64)
         self._positions = np.zeros(max_step, np.int64)
         self._logits = np.empty(max_step * vocab_size, np.float32)
-        self._new_k = [np.empty(max_step * per_token, np.float32) for _ in range(self.num_layers)]
-        self._new_v = [np.empty(max_step * per_token, np.float32) for _ in range(self.num_layers)]
+        self._slot_tokens = np.zeros(max_seq_len, np.int64) if self.pads_single else None   # token in each slot
+        scratch = 0 if self.in_place else max_step * per_token
+        self._new_k = [np.empty(scratch, np.float32) for _ in range(self.num_layers)]
+        self._new_v = [np.empty(scratch, np.float32) for _ in range(self.num_layers)]
         self._kv_step_shape = (1, kv["num_kv_heads"], -1, kv["head_dim"])
         self._binding = self.session.io_binding()
         self._past = []  # keeps the OrtValues alive
@@ -56,6 +67,8 @@ class StepModel:
                 value = ort.OrtValue.ortvalue_from_numpy(buf)
                 self._past.append(value)
                 self._binding.bind_ortvalue_input(name, value)
+                if self.in_place:
+                    self._binding.bind_ortvalue_output(name.replace("past_", "present_"), value)
         # v2 graphs compute logits only for the last num_logits tokens; v1 graphs for all of them
         self.selects_logits = "num_logits" in {i.name for i in self.session.get_inputs()}
         self._num_logits = np.ones(1, np.int64)
@@ -68,17 +81,27 @@ class StepModel:
         b.bind_input("input_ids", "cpu", 0, np.int64, [1, n], self._ids.ctypes.data)
         b.bind_input("position_ids", "cpu", 0, np.int64, [1, n], self._positions.ctypes.data)
         b.bind_output("logits", "cpu", 0, np.float32, [1, rows, self.vocab_size], self._logits.ctypes.data)
+        self._bound_step = (n, rows)
+        if self.in_place:
+            return
         kv_shape = [1, self._kv_step_shape[1], n, self._kv_step_shape[3]]
         for i in range(self.num_layers):
             b.bind_output(f"key.{i}", "cpu", 0, np.float32, kv_shape, self._new_k[i].ctypes.data)
             b.bind_output(f"value.{i}", "cpu", 0, np.float32, kv_shape, self._new_v[i].ctypes.data)
-        self._bound_step = (n, rows)
 
     def _run(self, tokens, start: int, last: int) -> np.ndarray:
         """Feeds len(tokens) <= max_step tokens at positions start.. -> logits of the last `last` [last, V]
         (a scratch view)."""
         n = len(tokens)
         assert 0 < n <= self.max_step and start + n <= self.max_seq_len and 0 < last <= n, (n, start, last)
+        drop = 0                                   # padding rows after the wanted ones
+        if self.pads_single:
+            self._slot_tokens[start:start + n] = tokens
+            if n == 1 and start > 0:
+                start, n = start - 1, 2
+                tokens = self._slot_tokens[start:start + 2]
+            elif n == 1:
+                tokens, n, last, drop = [tokens[0], tokens[0]], 2, 2, 1
         self._ids[:n] = tokens
         self._positions[:n] = np.arange(start, start + n)
         rows = last if self.selects_logits else n
@@ -86,11 +109,14 @@ class StepModel:
         if (n, rows) != self._bound_step:
             self._bind_step(n, rows)
         self.session.run_with_iobinding(self._binding)
+        logits = self._logits[: rows * self.vocab_size].reshape(rows, self.vocab_size)
+        if self.in_place:
+            return logits[rows - last: rows - drop]
         size = n * self._kv_step_shape[1] * self._kv_step_shape[3]
         for i in range(self.num_layers):
             self.keys[i][:, :, start:start + n] = self._new_k[i][:size].reshape(self._kv_step_shape)
             self.values[i][:, :, start:start + n] = self._new_v[i][:size].reshape(self._kv_step_shape)
-        return self._logits[: rows * self.vocab_size].reshape(rows, self.vocab_size)[rows - last:]
+        return logits[rows - last:]
 
     def feed(self, tokens, last: int | None = None) -> np.ndarray:
         """Appends tokens after `pos` (chunked) and advances `pos`.

@@ -1,0 +1,44 @@
+"""Bundles side by side in one process (e.g. the same models exported with --attention gqa and scatter).
+
+    python scripts/compare_bundles.py BUNDLE_A BUNDLE_B [...] --policies target,heuristic --repeat 3
+
+Every round runs each bundle's policies once on the built-in prompts, bundles alternating, so machine
+drift hits all alike; prints the median tokens/s per bundle and policy, and the ratio to the first bundle.
+All bundles stay loaded at once: mind their memory.
+"""
+
+import argparse
+import statistics
+import sys
+
+from specedge.bench import run_bench
+from specedge.bench.runner import BUILTIN_PROMPTS
+from specedge.runtime import load
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bundles", nargs="+")
+    parser.add_argument("--policies", default="target,heuristic")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+    policies = args.policies.split(",")
+    gens = [load(b) for b in args.bundles]
+    tps = {(b, p): [] for b in args.bundles for p in ["target"] + policies}
+    for r in range(args.repeat):
+        for bundle, gen in zip(args.bundles, gens):
+            result = run_bench(gen, BUILTIN_PROMPTS, policies, max_new_tokens=args.max_new_tokens)
+            for name, entry in result["policies"].items():
+                tps[(bundle, name)].append(entry["tok_per_s"])
+            print(f"round {r + 1}/{args.repeat}: {bundle} done", file=sys.stderr)
+    first = args.bundles[0]
+    print(f"{'bundle':<40} {'policy':<11} {'tok/s':>7} {'vs first':>8}")
+    for (bundle, name), values in tps.items():
+        median = statistics.median(values)
+        ratio = median / statistics.median(tps[(first, name)])
+        print(f"{bundle:<40} {name:<11} {median:7.2f} {ratio:7.2f}x   per round {['%.2f' % v for v in values]}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -34,9 +34,13 @@ def cli():
               help="MatMulNBits compute: 4 = int8 activations (fast, rows independent), 0 = float.")
 @click.option("--attention", default="gqa", show_default=True, type=click.Choice(["gqa", "scatter"]),
               help="Step-graph attention: gqa = in-place KV, valid length only; scatter = copy of the whole buffer.")
+@click.option("--draft-vocab", type=int, default=None,
+              help="Keep only the N most frequent tokens in the draft's LM head (needs --draft-vocab-from).")
+@click.option("--draft-vocab-from", type=click.Path(), default=None,
+              help="Corpus for --draft-vocab: a text file, a JSONL of prompts, or a folder of source files.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
 def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draft_quantize, block_size,
-           accuracy_level, attention, force):
+           accuracy_level, attention, draft_vocab, draft_vocab_from, force):
     """Export a target and a draft model into a bundle."""
     try:
         from specedge.export import export_bundle
@@ -47,7 +51,7 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
     export_bundle(target, draft, out, max_seq_len=max_seq_len, max_draft=max_draft, tolerance=tolerance,
                   force=force, progress=lambda line: click.echo(line, err=True), quantize=quantize,
                   draft_quantize=draft_quantize, block_size=block_size, accuracy_level=accuracy_level,
-                  attention=attention)
+                  attention=attention, draft_vocab=draft_vocab, draft_vocab_from=draft_vocab_from)
 
 
 @cli.command()
@@ -201,9 +205,13 @@ def describe(m: dict, verified: bool = False) -> str:
             f"{check.get('top1_agreement', float('nan')):.3f}, verify rows bitwise equal: "
             f"{ {True: 'yes', False: 'NO'}.get(check.get('verify_rows_bitwise_equal'), '?') }",
         ]
-        if "vs_unquantized" in check:
-            q = check["vs_unquantized"]
-            lines.append(f"    vs unquantized: top-1 agreement {q['top1_agreement']:.3f} over {q['positions']} "
+        if "vocab_subset" in model:
+            sub = model["vocab_subset"]
+            lines.append(f"    LM head: {sub['size']} of {m['vocab_size']} tokens (from {sub['corpus']}, "
+                         f"{100 * sub['corpus_coverage']:.1f}% of its tokens)")
+        q = check.get("vs_source", check.get("vs_unquantized"))       # vs_unquantized: older bundles
+        if q:
+            lines.append(f"    vs source model: top-1 agreement {q['top1_agreement']:.3f} over {q['positions']} "
                          f"prompt positions, max logit error {q['max_abs_logit_error']:.3g}")
     total = memory_report(m)["total_bytes"]
     lines.append(f"  memory: weights + KV buffers {total / 2**30:.2f} GiB at max_seq_len {m['max_seq_len']}")

@@ -92,12 +92,12 @@ def _manifest(bundle):
 def test_manifest_records_quantization_and_its_cost(quantized_bundles):
     models = _manifest(quantized_bundles["int4-draft"])["models"]
     assert models["target"]["weights"] == "float32" and "quantization" not in models["target"]
-    assert "vs_unquantized" not in models["target"]["export_check"]
+    assert "vs_source" not in models["target"]["export_check"]
     draft = models["draft"]
     assert draft["weights"] == "int4"
     assert draft["quantization"] == {"scheme": "int4", "op": "com.microsoft.MatMulNBits", "bits": 4,
                                      "block_size": 32, "accuracy_level": 4}
-    cost = draft["export_check"]["vs_unquantized"]
+    cost = draft["export_check"]["vs_source"]
     assert cost["prompts"] >= 3 and cost["positions"] > 20
     assert 0.3 < cost["top1_agreement"] <= 1.0      # a tiny random model: flat logits and cost["max_abs_logit_error"] > 0
     # int4 weights take about a seventh of the fp32 weights' bytes in the quantized matrices
@@ -110,7 +110,7 @@ def test_accuracy_level_0_matches_the_dequantized_model_tightly(quantized_bundle
         check = entry["export_check"]
         assert check["max_abs_logit_error"] < 1e-3, (role, check)
         assert "dequantized" in check["reference"]
-        assert check["vs_unquantized"]["top1_agreement"] > 0.9      # int8 barely moves the argmax
+        assert check["vs_source"]["top1_agreement"] > 0.9      # int8 barely moves the argmax
 
 
 def test_quantized_target_rows_are_bitwise_equal(quantized_bundles):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from specedge import __version__
 from specedge.errors import ExportError
+from specedge.export.draft_vocab import DRAFT_VOCAB_FILE, choose_subset, corpus_texts, coverage, token_counts
 from specedge.export.check import check_graph, load_dequantized, prompt_agreement, random_ids, reference_logits
 from specedge.export.onnx_builder import GraphBuilder
 from specedge.export.quantize import Quantization, parse_quantization
@@ -51,12 +52,18 @@ def default_tolerance(max_abs_logit: float, quantization: Quantization | None = 
 def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: int = 2048, max_draft: int = 8,
                   tolerance: float | None = None, force: bool = False, progress=print,
                   quantize: str | None = None, draft_quantize: str | None = None, block_size: int = 32,
-                  accuracy_level: int = 4, attention: str = DEFAULT_ATTENTION) -> Path:
+                  accuracy_level: int = 4, attention: str = DEFAULT_ATTENTION, draft_vocab: int | None = None,
+                  draft_vocab_from: str | None = None) -> Path:
     """quantize: "none" | "int4" | "int8" for the target, and the draft unless draft_quantize says otherwise;
-    attention: "gqa" (in place, valid length only) | "scatter" (see step_graph.py)."""
+    attention: "gqa" (in place, valid length only) | "scatter" (see step_graph.py); draft_vocab: N tokens
+    for the draft's LM head, the most frequent in the corpus draft_vocab_from (see draft_vocab.py)."""
     out = Path(out).expanduser().absolute()
     if attention not in ATTENTION_VARIANTS:
         raise ExportError(f"--attention must be one of {', '.join(ATTENTION_VARIANTS)}, got '{attention}'")
+    if draft_vocab is not None and draft is None:
+        raise ExportError("--draft-vocab needs a draft model")
+    if draft_vocab is not None and not draft_vocab_from:
+        raise ExportError("--draft-vocab needs --draft-vocab-from FILE (a corpus to count token frequencies in)")
     _validate(out, max_seq_len, max_draft, force)
     quantizations = {"target": parse_quantization(quantize, block_size, accuracy_level),
                      "draft": parse_quantization(draft_quantize or quantize, block_size, accuracy_level)}
@@ -72,10 +79,17 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
         vocab_size = _shared_vocab(sources, say)
         tokenizer_info = write_tokenizer(sources["target"].tokenizer, work)
         prompts = _check_prompts(sources["target"].tokenizer, vocab_size)
+        counts = None
+        if draft_vocab is not None:
+            say(f"counting token frequencies in {draft_vocab_from}")
+            counts = token_counts(sources["target"].tokenizer, corpus_texts(draft_vocab_from), vocab_size)
         models, eos_ids = {}, []
         for role, source in sources.items():
+            head = None
+            if role == "draft" and counts is not None:
+                head = _draft_head(counts, draft_vocab, vocab_size, eos_ids, draft_vocab_from, work, say)
             models[role], ids = _export_model(role, source, work, vocab_size, max_seq_len, tolerance, say,
-                                              quantizations[role], prompts, attention)
+                                              quantizations[role], prompts, attention, head)
             eos_ids += [i for i in ids if i not in eos_ids and i < vocab_size]
         if not eos_ids:
             raise ExportError("the source models name no end-of-sequence token")
@@ -136,9 +150,18 @@ def _check_prompts(tokenizer, vocab_size: int) -> list[list[int]]:
     return [ids for ids in ([i for i in e if i < vocab_size] for e in encoded) if len(ids) >= 2]
 
 
+def _draft_head(counts, size: int, vocab_size: int, eos_ids: list[int], corpus: str, work: Path, say) -> dict:
+    rows = choose_subset(counts, size, vocab_size, always=eos_ids)
+    (work / DRAFT_VOCAB_FILE).write_text(json.dumps(rows.tolist()) + "\n")
+    share = coverage(counts, rows)
+    say(f"draft: LM head keeps {size} of {vocab_size} tokens ({100 * share:.1f}% of the corpus's tokens)")
+    return {"rows": rows, "record": {"file": DRAFT_VOCAB_FILE, "size": size, "corpus": str(corpus),
+                                     "corpus_tokens": sum(counts.values()), "corpus_coverage": share}}
+
+
 def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_seq_len: int,
                   tolerance: float | None, say, quantization: Quantization | None,
-                  prompts: list[list[int]], attention: str) -> tuple[dict, list[int]]:
+                  prompts: list[list[int]], attention: str, head: dict | None = None) -> tuple[dict, list[int]]:
     cfg = source.config
     architecture, family = architecture_of(cfg)
     spec = family.spec_from_config(cfg, architecture)
@@ -158,7 +181,8 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     builder = GraphBuilder(path, f"specedge_{role}")
     weights_kind = quantization.name if quantization else "float32"
     say(f"{role}: writing step graph ({weights_kind} weights)")
-    graph = StepGraph(builder, spec, max_seq_len, quantization, attention)
+    head_rows = head["rows"] if head else None
+    graph = StepGraph(builder, spec, max_seq_len, quantization, attention, head_rows)
     family.build(graph, spec, weights)
     weights.finish()
     builder.save()
@@ -166,24 +190,30 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     entry = {
         "file": path.name, "architecture": architecture, "source": source.description,
         "source_kind": source.kind, "graph_variant": ATTENTION_VARIANTS[attention],
-        "spec": spec.to_json(), "io": io_names(spec.num_layers, attention), "weights": weights_kind, "weight_bytes": builder.weight_bytes,
+        "spec": spec.to_json(), "io": io_names(spec.num_layers, attention), "weights": weights_kind,
+        "weight_bytes": builder.weight_bytes,
         "kv": {"num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                "dtype": "float32"},
     }
+    if head:
+        entry["logit_rows"], entry["vocab_subset"] = len(head_rows), head["record"]
     ids = random_ids(vocab_size)
     quality = None
     if quantization is not None:
         entry["quantization"] = quantization.to_json()
-        say(f"{role}: measuring {weights_kind} against the unquantized model on {len(prompts)} prompts")
-        quality = prompt_agreement(path, entry, model, prompts, vocab_size, max_seq_len)
+    if quantization is not None or head:                       # the graph deliberately differs from its source
+        lighter = " ".join(filter(None, [quantization and weights_kind, head and f"{len(head_rows)}-token head"]))
+        say(f"{role}: measuring the {lighter} graph against the source model on {len(prompts)} prompts")
+        quality = prompt_agreement(path, entry, model, prompts, vocab_size, max_seq_len, head_rows)
         say(f"{role}: top-1 agreement {quality['top1_agreement']:.3f} over {quality['positions']} positions, "
             f"max logit error {quality['max_abs_logit_error']:.3g}")
+    if quantization is not None:
         load_dequantized(model, graph.quantized, quantization, vocab_size, conv1d=spec.family == "gpt2")
     graph.quantized.clear()
     say(f"{role}: checking the graph against transformers (prefill + multi-token steps"
         f"{', dequantized weights' if quantization else ''})")
     check = check_graph(path, entry, reference_logits(model, ids, vocab_size), ids, vocab_size, max_seq_len,
-                        " (dequantized weights)" if quantization else "")
+                        " (dequantized weights)" if quantization else "", head_rows)
     limit = tolerance if tolerance is not None else default_tolerance(check["max_abs_logit"], quantization)
     check["tolerance"] = limit
     say(f"{role}: max logit error {check['max_abs_logit_error']:.2e} (tolerance {limit:.2e}), "
@@ -196,7 +226,7 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
         say("target: warning: verify rows differ from single steps in the last bits; greedy speculative output "
             "may differ from target-only output at near-ties (use --accuracy-level 4 for quantized targets)")
     if quality is not None:
-        check["vs_unquantized"] = quality
+        check["vs_source"] = quality
     entry["export_check"] = check
     del model
     gc.collect()

@@ -48,8 +48,11 @@ class StepGraph:
     """Inputs, the shared mask and RoPE tables, attention, and the outputs of one step graph."""
 
     def __init__(self, builder: GraphBuilder, spec: ModelSpec, max_seq_len: int,
-                 quantization: Quantization | None = None, attention: str = "scatter"):
+                 quantization: Quantization | None = None, attention: str = "scatter",
+                 head_rows: np.ndarray | None = None):
+        """head_rows: token ids the LM head keeps (a lighter draft head, see draft_vocab.py); None = all."""
         self.b, self.spec, self.max_seq_len, self.quantization = builder, spec, max_seq_len, quantization
+        self.head_rows = head_rows
         self.in_place = attention == "gqa"
         self.quantized: dict[str, tuple] = {}          # module name -> (codes, scales, zero points, K), for the check
         # Attention runs as one matrix product per kv head with R*T query rows. MLAS takes a different
@@ -178,9 +181,12 @@ class StepGraph:
     def logits(self, hidden: str, head: np.ndarray, tied_embedding: str | None = None) -> None:
         """hidden [B, T, E], head [V, E] (HF layout) -> logits [B, n, V] of the last n = num_logits tokens.
 
-        An fp32 head tied to the embedding shares its initializer; a quantized one gets its own copy.
+        An fp32 head tied to the embedding shares its initializer; a quantized or row-subset one gets its
+        own copy. With head_rows, n columns are those tokens': [B, n, len(head_rows)].
         """
-        b, v = self.b, self.spec.vocab_size
+        if self.head_rows is not None:
+            head, tied_embedding = head[self.head_rows], None
+        b, v = self.b, head.shape[0]
         last = b.op("Slice", hidden, b.op("Neg", self.num_logits), b.const([np.iinfo(np.int64).max]), b.const([1]))
         if self.quantization is not None:
             logits = self._matmul_nbits(last, "lm_head", head)                           # [B, n, V]

@@ -17,12 +17,15 @@ from specedge.runtime.step_model import StepModel
 
 
 class ModelDrafter:
-    """A draft model with its own static KV buffers; catches up on committed tokens it has not seen."""
+    """A draft model with its own static KV buffers; catches up on committed tokens it has not seen.
+
+    With a lighter head (`head_ids` [N], the token of each logit column) it proposes only those tokens
+    and its distribution q is zero elsewhere, which keeps sampling exact: the target decides."""
 
     kind = "model"
 
-    def __init__(self, model: StepModel):
-        self.model = model
+    def __init__(self, model: StepModel, head_ids: np.ndarray | None = None, vocab_size: int | None = None):
+        self.model, self.head_ids, self.vocab_size = model, head_ids, vocab_size
         self.confidences: list[float] = []
 
     def start(self, prompt_ids: list[int]) -> None:
@@ -36,17 +39,24 @@ class ModelDrafter:
         for i in range(k):
             row = logits[-1]
             if warp.greedy:
-                drafts.append(int(row.argmax()))
+                column = int(row.argmax())
             else:
-                q_rows.append(warp.probs(logits[-1:])[0])
-                drafts.append(draw(q_rows[-1], rng))
+                q = warp.probs(logits[-1:])[0]
+                column = draw(q, rng)
+                q_rows.append(q if self.head_ids is None else self._full_vocab(q))
+            drafts.append(column if self.head_ids is None else int(self.head_ids[column]))
             if keep is not None:                                 # a softmax over V: only when asked
-                self.confidences.append(float(q_rows[-1][drafts[-1]]) if q_rows
-                                        else float(1.0 / np.exp(row - row[drafts[-1]]).sum()))
+                self.confidences.append(float(q[column]) if not warp.greedy
+                                        else float(1.0 / np.exp(row - row[column]).sum()))
             if i == k - 1 or (keep is not None and not keep(self.confidences)):
                 break
             logits = dft.feed(drafts[-1:])
         return drafts, (np.stack(q_rows) if q_rows else None)
+
+    def _full_vocab(self, q: np.ndarray) -> np.ndarray:
+        full = np.zeros(self.vocab_size, q.dtype)                 # [V]: zero outside the head's tokens
+        full[self.head_ids] = q
+        return full
 
     def commit(self, n_valid: int) -> None:
         """The first n_valid tokens are committed and in the target's buffer; drop the rest."""

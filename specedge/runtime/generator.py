@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -73,11 +74,29 @@ class Generator:
         models = m["models"]
         self.target = StepModel(self.path / models["target"]["file"], models["target"], self.max_seq_len,
                                 self.vocab_size, max_step, threads)
-        # the draft only proposes: its rows need not be bitwise stable, so it skips the padding of in-place graphs
-        self.draft = (StepModel(self.path / models["draft"]["file"], models["draft"], self.max_seq_len,
-                                self.vocab_size, max_step, threads, exact_rows=False) if "draft" in models else None)
+        self.draft, self.draft_head_ids = None, None
+        if "draft" in models:
+            # the draft only proposes: its rows need not be bitwise stable, so it skips the padding of in-place graphs
+            entry = models["draft"]
+            self.draft = StepModel(self.path / entry["file"], entry, self.max_seq_len,
+                                   entry.get("logit_rows", self.vocab_size), max_step, threads, exact_rows=False)
+            if "vocab_subset" in entry:
+                self.draft_head_ids = self._head_ids(entry)
         self.last_result: GenerationResult | None = None
         self._policies: dict[str, tuple] = {}
+
+    def _head_ids(self, entry: dict) -> np.ndarray:
+        """The token id of each logit column of a draft with a lighter head [logit_rows]."""
+        try:
+            ids = np.asarray(json.loads((self.path / entry["vocab_subset"]["file"]).read_text()), np.int64)
+        except (OSError, ValueError) as err:
+            raise BundleError(f"{self.path}: corrupt draft vocabulary ({err})") from err
+        if ids.shape != (entry["logit_rows"],) or ids.min() < 0 or ids.max() >= self.vocab_size:
+            raise BundleError(f"{self.path}: draft vocabulary does not match its head ({entry['logit_rows']} rows)")
+        return ids
+
+    def _model_drafter(self) -> ModelDrafter:
+        return ModelDrafter(self.draft, self.draft_head_ids, self.vocab_size)
 
     # -- public API ---------------------------------------------------------------------------
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -177,9 +196,9 @@ class Generator:
             raise OptionError(f"policy '{spec}' needs a draft model and this bundle has none; "
                               "use --no-draft or the ngram policy")
         drafter = {"none": lambda: None,
-                   "model": lambda: ModelDrafter(self.draft),
+                   "model": lambda: self._model_drafter(),
                    "ngram": lambda: NgramDrafter(self.vocab_size),
-                   "hybrid": lambda: HybridDrafter(NgramDrafter(self.vocab_size), ModelDrafter(self.draft))}[kind]()
+                   "hybrid": lambda: HybridDrafter(NgramDrafter(self.vocab_size), self._model_drafter())}[kind]()
         return policy, drafter
 
     def reset_policies(self) -> None:

@@ -26,18 +26,21 @@ def main(argv: list[str]) -> None:
     policies = args.policies.split(",")
     gens = [load(b) for b in args.bundles]
     tps = {(b, p): [] for b in args.bundles for p in ["target"] + policies}
+    identical = {key: True for key in tps}
     for r in range(args.repeat):
         for bundle, gen in zip(args.bundles, gens):
             result = run_bench(gen, BUILTIN_PROMPTS, policies, max_new_tokens=args.max_new_tokens)
             for name, entry in result["policies"].items():
                 tps[(bundle, name)].append(entry["tok_per_s"])
+                identical[(bundle, name)] &= entry["identical_to_target"] is True
             print(f"round {r + 1}/{args.repeat}: {bundle} done", file=sys.stderr)
     first = args.bundles[0]
-    print(f"{'bundle':<40} {'policy':<11} {'tok/s':>7} {'vs first':>8}")
+    print(f"{'bundle':<40} {'policy':<11} {'tok/s':>7} {'vs first':>8} {'same as its target':>18}")
     for (bundle, name), values in tps.items():
         median = statistics.median(values)
         ratio = median / statistics.median(tps[(first, name)])
-        print(f"{bundle:<40} {name:<11} {median:7.2f} {ratio:7.2f}x   per round {['%.2f' % v for v in values]}")
+        same = "yes" if identical[(bundle, name)] else "NO"
+        print(f"{bundle:<40} {name:<11} {median:7.2f} {ratio:7.2f}x {same:>18}   per round {['%.2f' % v for v in values]}")
 
 
 if __name__ == "__main__":

@@ -19,14 +19,14 @@ def scatter_bundles(workdir):
             for arch in ("qwen2", "gpt2")}
 
 
-def _step(bundle, role="target", **kw):
+def _step(bundle, role="target"):
     manifest = json.loads((bundle / "manifest.json").read_text())
     entry = manifest["models"][role]
-    return StepModel(bundle / entry["file"], entry, manifest["max_seq_len"], manifest["vocab_size"], 16, **kw)
+    return StepModel(bundle / entry["file"], entry, manifest["max_seq_len"], manifest["vocab_size"], 16)
 
 
-def _rows_and_singles(bundle, **kw):
-    batched, single = _step(bundle, **kw), _step(bundle, **kw)
+def _rows_and_singles(bundle):
+    batched, single = _step(bundle), _step(bundle)
     batched.feed([3, 1, 4])
     single.feed([3, 1, 4])
     rows = batched.feed([1, 5, 9, 2, 6]).copy()
@@ -76,16 +76,22 @@ def test_verify_rows_equal_single_steps_bitwise(arch_bundles, scatter_bundles, v
     np.testing.assert_array_equal(rows, singles)
 
 
-def test_in_place_single_steps_need_the_padding(arch_bundles):
-    """Unpadded, a one-token GroupQueryAttention row differs in the last bits from the same row in a verify
-    call: the padding of single steps is what makes the bitwise test above pass."""
-    rows, singles = _rows_and_singles(arch_bundles["qwen2"], exact_rows=False)
+def test_in_place_attention_needs_its_extra_row(workdir, monkeypatch):
+    """Without the extra attention row, a one-token GroupQueryAttention row differs in the last bits from
+    the same row in a verify call: the extra row is what makes the bitwise test above pass."""
+    from specedge.export.step_graph import StepGraph
+
+    monkeypatch.setattr(StepGraph, "PAD_ATTENTION_ROWS", False)
+    bundle = _export(workdir, "qwen2-no-extra-row", tm.make_model("qwen2", TARGET_ROWS, seed=1), None,
+                     tm.byte_tokenizer())
+    rows, singles = _rows_and_singles(bundle)
     assert not np.array_equal(rows, singles)
     assert np.abs(rows - singles).max() < 1e-4
 
 
 def test_single_token_at_position_zero(arch_bundles):
-    """A one-token prompt (forward padding at slot 0) gives the same row as a longer first call."""
+    """At position 0 the extra row goes after the call (there is no slot before): same row as in a longer
+    first call."""
     one = _step(arch_bundles["llama"]).feed([42]).copy()
     two = _step(arch_bundles["llama"]).feed([42, 43])[:1].copy()
     np.testing.assert_array_equal(one, two)

@@ -42,10 +42,11 @@ def default_tolerance(max_abs_logit: float, quantization: Quantization | None = 
     """fp32 graphs agree with transformers to rounding; allow for reduction order over many layers.
 
     At accuracy level 4 MatMulNBits also rounds the activations to int8 per block, which the
-    dequantized-weight reference does not: a few percent of the logit range, measured.
+    dequantized-weight reference does not: measured 2% (int4 0.5B) to 11% (int4 1.5B, 28 layers) of the
+    largest logit; a wrong graph is off by the whole logit range.
     """
     if quantization is not None and quantization.accuracy_level == 4:
-        return 1e-2 + 0.1 * max_abs_logit
+        return 1e-2 + 0.2 * max_abs_logit
     return 1e-3 + 1e-4 * max_abs_logit
 
 

@@ -19,8 +19,8 @@ over all S_max slots.
 "gqa" (static-kv-gqa-v1): com.microsoft GroupQueryAttention with present_key.{i}/present_value.{i}
 [B, H_kv, S_max, D] bound by the runtime to the same memory as past_key.{i}: the new K/V are written in
 place and attention reads only the valid length (the last position + 1). Its rows are bitwise
-independent of the step length T only for T >= 2 (a single row takes another MLAS path), so the
-runtime feeds a single token together with the one before it (rewriting that slot with the same bits).
+independent of the row count only from two rows on (a single row takes another MLAS path), so the
+attention gets one extra row (see StepGraph._extra_row) while the linear layers run on the T rows.
 
 Either way slots beyond the committed length (stale drafts) never matter, so rejection costs nothing;
 and a token's attention sums over the same slots in the same order whether it arrives alone or in a
@@ -40,12 +40,14 @@ from specedge.export.onnx_builder import GraphBuilder
 from specedge.export.quantize import Quantization, quantize
 from specedge.models.spec import ModelSpec, rope_inv_freq
 
-ATTENTION_VARIANTS = {"scatter": "static-kv-scatter-v2",    # v1: no num_logits input (still loadable)
-                      "gqa": "static-kv-gqa-v1"}
+ATTENTION_VARIANTS = {"gqa": "static-kv-gqa-v1",
+                      "scatter": "static-kv-scatter-v2"}   # scatter v1: no num_logits input (still loadable)
 
 
 class StepGraph:
     """Inputs, the shared mask and RoPE tables, attention, and the outputs of one step graph."""
+
+    PAD_ATTENTION_ROWS = True        # gqa: one extra attention row (see _extra_row); off only to test why
 
     def __init__(self, builder: GraphBuilder, spec: ModelSpec, max_seq_len: int,
                  quantization: Quantization | None = None, attention: str = "scatter",
@@ -68,7 +70,7 @@ class StepGraph:
                       b.input(f"past_value.{i}", TensorProto.FLOAT, kv_shape))
                      for i in range(spec.num_layers)]
         if self.in_place:
-            self.seqlens_k, self.total_length = self._valid_length()
+            self._extra_row()
         else:
             self.visible = self._visibility()
         self.cos_sin = self._rope_tables() if spec.rope else None
@@ -83,13 +85,44 @@ class StepGraph:
         visible = b.op("Unsqueeze", visible, b.const([1]))                                # [B, 1, T, S]
         return b.op("Tile", visible, b.const([1, 1, self.query_rows, 1]))                 # [B, 1, R*T, S]
 
-    def _valid_length(self) -> tuple[str, str]:
-        """GroupQueryAttention's lengths: seqlens_k int32 [B] = last position, total int32 [] = max + 1."""
+    def _extra_row(self) -> None:
+        """GroupQueryAttention sees T + 1 rows: its rows are bitwise independent of the row count only from
+        two rows on. The extra row is the committed slot before the first position, read back from the
+        buffer (so rewriting it changes no bit), or at position 0 a throwaway row after the last (its slot
+        is overwritten later). Sets: before [1, 1, 1] bool, the slot to read, the output row range and
+        GroupQueryAttention's lengths (seqlens_k int32 [B], total int32 [])."""
         b, pos = self.b, self.position_ids
-        last = b.op("Squeeze", b.op("Slice", pos, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1])),
-                    b.const([1]))                                                         # [B]
-        total = b.op("Add", b.op("ReduceMax", last, keepdims=0), b.const(1))              # []
-        return b.op("Cast", last, to=TensorProto.INT32), b.op("Cast", total, to=TensorProto.INT32)
+        big = np.iinfo(np.int64).max
+        first = b.op("Slice", pos, b.const([0]), b.const([1]), b.const([1]))              # [B, 1]
+        last = b.op("Slice", pos, b.const([-1]), b.const([big]), b.const([1]))            # [B, 1]
+        first0 = b.op("Reshape", b.op("Slice", first, b.const([0]), b.const([1]), b.const([0])), b.const([1]))
+        before = b.op("Greater", first0, b.const([0]))                                    # [1]
+        self.before = b.op("Reshape", before, b.const([1, 1, 1]))
+        self.previous_slot = b.op("Max", b.op("Sub", first0, b.const([1])), b.const([0]))  # [1]
+        after = b.op("Cast", b.op("Not", before), to=TensorProto.INT64)                   # [1]: 1 at position 0
+        if not self.PAD_ATTENTION_ROWS:
+            after = b.const([0])
+        steps = b.op("Slice", b.op("Shape", self.input_ids), b.const([1]), b.const([2]))  # [1] = T
+        self.rows_from = b.op("Sub", b.const([1]), after)
+        self.rows_to = b.op("Add", self.rows_from, steps)
+        last = b.op("Add", b.op("Squeeze", last, b.const([1])), after)                     # [B]
+        self.seqlens_k = b.op("Cast", last, to=TensorProto.INT32)
+        self.total_length = b.op("Cast", b.op("Add", b.op("ReduceMax", last, keepdims=0), b.const(1)),
+                                 to=TensorProto.INT32)
+
+    def _with_extra_row(self, x: str, saved: str | None) -> str:
+        """x [B, T, C] -> [B, T + 1, C]: `saved` ([B, 1, C], the buffer's slot) or a copy of a row of x."""
+        b = self.b
+        big = np.iinfo(np.int64).max
+        tail = b.op("Slice", x, b.const([-1]), b.const([big]), b.const([1]))               # [B, 1, C]
+        head = saved or b.op("Slice", x, b.const([0]), b.const([1]), b.const([1]))
+        return b.op("Where", self.before, b.op("Concat", head, x, axis=1), b.op("Concat", x, tail, axis=1))
+
+    def _saved_slot(self, buffer: str, heads: int) -> str:
+        """The K or V slot before the first position, [B, H_kv, S, D] -> [B, 1, H_kv*D]."""
+        b = self.b
+        slot = b.op("Gather", buffer, self.previous_slot, axis=2)                           # [B, H_kv, 1, D]
+        return b.op("Reshape", b.op("Transpose", slot, perm=[0, 2, 1, 3]), b.const([0, 0, heads * self.spec.head_dim]))
 
     def _rope_tables(self) -> tuple[str, str]:
         b = self.b
@@ -167,6 +200,10 @@ class StepGraph:
             k = b.op("Reshape", self._rotate(b.op("Reshape", k, b.const([0, 0, s.num_kv_heads, d]))),
                      b.const([0, 0, s.num_kv_heads * d]))
         past_k, past_v = self.past[layer]
+        if self.PAD_ATTENTION_ROWS:
+            q = self._with_extra_row(q, None)
+            k = self._with_extra_row(k, self._saved_slot(past_k, s.num_kv_heads))
+            v = self._with_extra_row(v, self._saved_slot(past_v, s.num_kv_heads))
         # present_* are the node's own outputs (no Identity): onnxruntime shares them with past_* only then
         present = (f"present_key.{layer}", f"present_value.{layer}")
         context, present_k, present_v = b.op(
@@ -176,6 +213,8 @@ class StepGraph:
         kv_shape = ["batch", s.num_kv_heads, self.max_seq_len, s.head_dim]
         b.output(present_k, f"present_key.{layer}", TensorProto.FLOAT, kv_shape)
         b.output(present_v, f"present_value.{layer}", TensorProto.FLOAT, kv_shape)
+        if self.PAD_ATTENTION_ROWS:
+            context = b.op("Slice", context, self.rows_from, self.rows_to, b.const([1]))
         return context                                                                    # [B, T, H*D]
 
     def logits(self, hidden: str, head: np.ndarray, tied_embedding: str | None = None) -> None:

@@ -76,10 +76,9 @@ class Generator:
                                 self.vocab_size, max_step, threads)
         self.draft, self.draft_head_ids = None, None
         if "draft" in models:
-            # the draft only proposes: its rows need not be bitwise stable, so it skips the padding of in-place graphs
             entry = models["draft"]
             self.draft = StepModel(self.path / entry["file"], entry, self.max_seq_len,
-                                   entry.get("logit_rows", self.vocab_size), max_step, threads, exact_rows=False)
+                                   entry.get("logit_rows", self.vocab_size), max_step, threads)
             if "vocab_subset" in entry:
                 self.draft_head_ids = self._head_ids(entry)
         self.last_result: GenerationResult | None = None

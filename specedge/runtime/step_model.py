@@ -6,9 +6,7 @@ allocates no KV memory. `pos` is the number of committed tokens in the buffers: 
 setting it back, nothing else: slots at or beyond `pos` are masked by the graph and overwritten later.
 
 In-place graphs (gqa) write the buffers themselves: their present_* outputs are bound to the past_*
-memory. Their rows are bitwise independent of the step length only from two tokens on, so with
-`exact_rows` a single token is fed together with the token before it (or a copy of itself at
-position 0, whose extra slot is overwritten later): what keeps verify rows equal to single steps.
+memory, and nothing is copied after a call.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ def session_options(threads: int | None) -> ort.SessionOptions:
 
 class StepModel:
     def __init__(self, path: Path, model: dict, max_seq_len: int, vocab_size: int, max_step: int,
-                 threads: int | None = None, exact_rows: bool = True):
+                 threads: int | None = None):
         try:
             self.session = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime raises its own untyped errors for bad files
@@ -43,8 +41,6 @@ class StepModel:
         self.max_step = max_step
         outputs = {o.name for o in self.session.get_outputs()}
         self.in_place = "present_key.0" in outputs
-        self.pads_single = self.in_place and exact_rows
-        assert max_step >= 2 or not self.pads_single
         kv_shape = (1, kv["num_kv_heads"], max_seq_len, kv["head_dim"])                   # [B, H_kv, S, D]
         self.keys = [np.zeros(kv_shape, np.float32) for _ in range(self.num_layers)]
         self.values = [np.zeros(kv_shape, np.float32) for _ in range(self.num_layers)]
@@ -55,7 +51,6 @@ class StepModel:
         self._ids = np.zeros(max_step, np.int64)
         self._positions = np.zeros(max_step, np.int64)
         self._logits = np.empty(max_step * vocab_size, np.float32)
-        self._slot_tokens = np.zeros(max_seq_len, np.int64) if self.pads_single else None   # token in each slot
         scratch = 0 if self.in_place else max_step * per_token
         self._new_k = [np.empty(scratch, np.float32) for _ in range(self.num_layers)]
         self._new_v = [np.empty(scratch, np.float32) for _ in range(self.num_layers)]
@@ -94,14 +89,6 @@ class StepModel:
         (a scratch view)."""
         n = len(tokens)
         assert 0 < n <= self.max_step and start + n <= self.max_seq_len and 0 < last <= n, (n, start, last)
-        drop = 0                                   # padding rows after the wanted ones
-        if self.pads_single:
-            self._slot_tokens[start:start + n] = tokens
-            if n == 1 and start > 0:
-                start, n = start - 1, 2
-                tokens = self._slot_tokens[start:start + 2]
-            elif n == 1:
-                tokens, n, last, drop = [tokens[0], tokens[0]], 2, 2, 1
         self._ids[:n] = tokens
         self._positions[:n] = np.arange(start, start + n)
         rows = last if self.selects_logits else n
@@ -111,7 +98,7 @@ class StepModel:
         self.session.run_with_iobinding(self._binding)
         logits = self._logits[: rows * self.vocab_size].reshape(rows, self.vocab_size)
         if self.in_place:
-            return logits[rows - last: rows - drop]
+            return logits[rows - last:]
         size = n * self._kv_step_shape[1] * self._kv_step_shape[3]
         for i in range(self.num_layers):
             self.keys[i][:, :, start:start + n] = self._new_k[i][:size].reshape(self._kv_step_shape)
@@ -127,10 +114,13 @@ class StepModel:
         tokens = list(tokens)
         if self.pos + len(tokens) > self.max_seq_len:
             raise ValueError(f"{self.pos} + {len(tokens)} tokens exceed max_seq_len {self.max_seq_len}")
-        logits = None
-        for at in range(0, len(tokens), self.max_step):
-            chunk = tokens[at: at + self.max_step]
-            final = at + self.max_step >= len(tokens)
-            logits = self._run(chunk, self.pos, (last or len(chunk)) if final else 1)
+        logits, at = None, 0
+        while at < len(tokens):
+            size = self.max_step
+            if self.in_place and self.pos == 0:
+                size = min(size, self.max_seq_len - 1)      # at position 0 the graph uses the slot after the call
+            chunk = tokens[at: at + size]
+            at += len(chunk)
+            logits = self._run(chunk, self.pos, (last or len(chunk)) if at >= len(tokens) else 1)
             self.pos += len(chunk)
         return logits

@@ -1,0 +1,74 @@
+"""Plain target-only decoding: specedge against onnxruntime-genai on the same weights, in one process.
+
+    pip install onnxruntime-genai==0.18.0 onnx_ir          # dev only, not a specedge dependency
+    python -m onnxruntime_genai.models.builder -i HF_FOLDER -o GENAI_DIR -p fp32 -e cpu
+    python scripts/compare_genai.py GENAI_DIR BUNDLE [--max-new-tokens 64] [--repeat 2]
+
+Greedy, the built-in bench prompts, the same prompt token ids for both (specedge's tokenizer), eos
+ignored so both generate exactly --max-new-tokens; the two alternate per prompt, so drift hits both
+alike. Prints median tokens/s (prefill included, as in `specedge bench`) and the share of prompts on
+which both produced the same tokens.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+import onnxruntime_genai as og
+
+from specedge.bench.runner import BUILTIN_PROMPTS
+from specedge.runtime import load
+
+
+def genai_generate(model, ids: list[int], n: int) -> tuple[list[int], float]:
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(ids) + n, min_length=len(ids) + n)
+    t = time.perf_counter()
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([ids], dtype=np.int32))
+    out = []
+    while len(out) < n and not generator.is_done():
+        generator.generate_next_token()
+        out.append(int(generator.get_next_tokens()[0]))
+    return out, time.perf_counter() - t
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("genai_dir")
+    parser.add_argument("bundle")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=2)
+    args = parser.parse_args(argv)
+    n = args.max_new_tokens
+    model, gen = og.Model(args.genai_dir), load(args.bundle)
+    prompts = [gen.encode(row["prompt"], row.get("chat", False)) for row in BUILTIN_PROMPTS]
+    genai_generate(model, prompts[0], 8)                                    # warm-up, excluded
+    gen.generate_ids(prompts[0], max_new_tokens=8, use_draft=False)
+    rates = {"onnxruntime-genai": [], "specedge": []}
+    same = []
+    for r in range(args.repeat):
+        tokens = {"onnxruntime-genai": 0, "specedge": 0}
+        seconds = {"onnxruntime-genai": 0.0, "specedge": 0.0}
+        for ids in prompts:
+            theirs, t_genai = genai_generate(model, ids, n)
+            ours = gen.generate_ids(ids, max_new_tokens=n, use_draft=False, k=0, ignore_eos=True)
+            tokens["onnxruntime-genai"] += len(theirs)
+            seconds["onnxruntime-genai"] += t_genai
+            tokens["specedge"] += len(ours.tokens)
+            seconds["specedge"] += ours.stats.total_s
+            same.append(theirs == ours.tokens)
+        for name in rates:
+            rates[name].append(tokens[name] / seconds[name])
+        print(f"round {r + 1}/{args.repeat} done", file=sys.stderr)
+    base = statistics.median(rates["onnxruntime-genai"])
+    for name, values in rates.items():
+        median = statistics.median(values)
+        print(f"{name:<18} {median:6.2f} tok/s  {median / base:5.2f}x   per round {['%.2f' % v for v in values]}")
+    print(f"same tokens on {sum(same)}/{len(same)} prompt runs")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

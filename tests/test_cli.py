@@ -78,7 +78,7 @@ def test_quantized_export_and_inspect(tmp_path):
                     "--block-size", "16")
     assert "draft: writing step graph (int8 weights)" in proc.stderr and "top-1 agreement" in proc.stderr
     out = specedge("inspect", str(tmp_path / "bundle")).stdout
-    assert "weights float32" in out and "weights int8" in out and "vs unquantized: top-1 agreement" in out
+    assert "weights float32" in out and "weights int8" in out and "vs source model: top-1 agreement" in out
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
     assert manifest["models"]["draft"]["quantization"]["block_size"] == 16
     base = json.loads(specedge("generate", str(tmp_path / "bundle"), "--prompt", "ab", "--max-new-tokens", "30",

@@ -43,6 +43,7 @@ def test_bench_cli_writes_results_and_plots(good_bundle, tmp_path, capsys):
     assert "fixed:2" in captured.out and "acceptance per position" in captured.out
     _check_bandwidth_and_prediction(results, target)
     assert "bandwidth: copy" in captured.out and "meas/pred" in captured.out
+    assert results["machine"]["cpu"] and f"cpu: {results['machine']['cpu']}" in captured.out
 
 
 def _check_bandwidth_and_prediction(results, target_entry):
@@ -94,3 +95,12 @@ def test_bench_sampled_run_reports_no_identity(good_bundle):
     gen = load(good_bundle)
     results = run_bench(gen, [{"prompt": "ab"}], ["fixed:2"], max_new_tokens=10, temperature=0.8, seed=1)
     assert results["policies"]["fixed:2"]["identical_to_target"] is None
+
+
+def test_cpu_description_names_the_vector_extensions(tmp_path, monkeypatch):
+    from specedge.bench import runner
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Some CPU 9000\nflags\t\t: fpu sse2 avx2 fma avx512f amx_int8\n")
+    real_path = runner.Path
+    monkeypatch.setattr(runner, "Path", lambda p: info if p == "/proc/cpuinfo" else real_path(p))
+    assert runner.cpu_description() == "Some CPU 9000 (AVX2, AVX-512, AMX-INT8)"

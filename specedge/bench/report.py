@@ -10,6 +10,7 @@ def table(results: dict) -> str:
             f"{'draft':>6} {'verify':>7} {'other':>6} {'predicted':>9} {'meas/pred':>9} {'same':>5}  "
             "acceptance per position")
     lines = [head, "-" * len(head)]
+    cpu = results.get("machine", {}).get("cpu")
     for name, p in results["policies"].items():
         split = p["time_split"]
         same = {True: "yes", False: "NO", None: "n/a"}[p["identical_to_target"]]
@@ -30,6 +31,8 @@ def table(results: dict) -> str:
         lines.append(f"bandwidth: copy {bound['copy_bytes_per_s'] / 1e9:.1f} GB/s ({bound['threads']} threads); target "
                      f"reads {bound['bytes_per_token'] / 2**20:.0f} MiB/token -> bound {bound['bound_tok_per_s']:.2f} "
                      f"tok/s; plain decode at {bound.get('fraction_of_bound', 0):.2f} of it")
+    if cpu:
+        lines.append(f"cpu: {cpu}, {results['machine']['cpus']} logical cpus")
     lines.append("")
     lines.append("top rejected draft tokens (position: draft -> target wanted, count)")
     for name, p in results["policies"].items():

@@ -4,6 +4,8 @@
     python -m onnxruntime_genai.models.builder -i HF_FOLDER -o GENAI_DIR -p fp32 -e cpu
     python scripts/compare_genai.py GENAI_DIR BUNDLE [--max-new-tokens 64] [--repeat 2]
 
+Both run with the same intra-op thread count (--threads, default: all logical CPUs, specedge's default):
+onnxruntime-genai's own default is one thread here, which would halve its speed on 2 cores.
 Greedy, the built-in bench prompts, the same prompt token ids for both (specedge's tokenizer), eos
 ignored so both generate exactly --max-new-tokens; the two alternate per prompt, so drift hits both
 alike. Prints median tokens/s (prefill included, as in `specedge bench`) and the share of prompts on
@@ -11,6 +13,8 @@ which both produced the same tokens.
 """
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import time
@@ -41,9 +45,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("bundle")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     n = args.max_new_tokens
-    model, gen = og.Model(args.genai_dir), load(args.bundle)
+    config = og.Config(args.genai_dir)
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+        "intra_op_num_threads": args.threads, "inter_op_num_threads": 1}}}}))
+    model, gen = og.Model(config), load(args.bundle, threads=args.threads)
+    print(f"intra-op threads: {args.threads} for both", file=sys.stderr)
     prompts = [gen.encode(row["prompt"], row.get("chat", False)) for row in BUILTIN_PROMPTS]
     genai_generate(model, prompts[0], 8)                                    # warm-up, excluded
     gen.generate_ids(prompts[0], max_new_tokens=8, use_draft=False)

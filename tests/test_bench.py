@@ -42,7 +42,7 @@ def test_bench_cli_writes_results_and_plots(good_bundle, tmp_path, capsys):
         assert (tmp_path / "out" / f"{plot}.png").stat().st_size > 1000
     assert "fixed:2" in captured.out and "acceptance per position" in captured.out
     _check_bandwidth_and_prediction(results, target)
-    assert "bandwidth: copy" in captured.out and "meas/pred" in captured.out
+    assert "bandwidth: copy" in captured.out and "meas/pred" in captured.out and "; read " in captured.out
     assert results["machine"]["cpu"] and f"cpu: {results['machine']['cpu']}" in captured.out
 
 
@@ -52,6 +52,9 @@ def _check_bandwidth_and_prediction(results, target_entry):
     assert bw["copy_bytes_per_s"] >= bw["copy_bytes_per_s_median"] > 0
     assert bw["bound_tok_per_s"] == pytest.approx(bw["copy_bytes_per_s"] / bw["bytes_per_token"])
     assert bw["fraction_of_bound"] == pytest.approx(policies["target"]["decode_tok_per_s"] / bw["bound_tok_per_s"])
+    assert bw["read_bytes_per_s"] >= bw["read_bytes_per_s_median"] > 0
+    assert bw["read_bound_tok_per_s"] == pytest.approx(bw["read_bytes_per_s"] / bw["bytes_per_token"])
+    assert bw["fraction_of_read_bound"] == pytest.approx(policies["target"]["decode_tok_per_s"] / bw["read_bound_tok_per_s"])
     # the prediction, recomputed from the raw per-request stats
     def costs(name):
         stats = [r["stats"] for r in policies[name]["requests"]]
@@ -80,6 +83,7 @@ def test_bytes_per_token_skips_gather_only_embeddings():
 def test_copy_bandwidth_measures_something():
     bw = copy_bandwidth(nbytes=8 << 20, repeats=3, threads=2)
     assert bw["threads"] == 2 and bw["bytes"] == 8 << 20 and bw["best"] >= bw["median"] > 1e8
+    assert bw["read_best"] >= bw["read_median"] > 1e8
 
 
 def test_bench_rejects_bad_input(good_bundle, tmp_path, capsys):

@@ -28,9 +28,13 @@ def table(results: dict) -> str:
         lines.append(f"memory: {', '.join(parts)}; peak RSS {rss / 2**30:.2f} GiB" if rss else f"memory: {', '.join(parts)}")
     bound = results.get("bandwidth")
     if bound:
-        lines.append(f"bandwidth: copy {bound['copy_bytes_per_s'] / 1e9:.1f} GB/s ({bound['threads']} threads); target "
-                     f"reads {bound['bytes_per_token'] / 2**20:.0f} MiB/token -> bound {bound['bound_tok_per_s']:.2f} "
-                     f"tok/s; plain decode at {bound.get('fraction_of_bound', 0):.2f} of it")
+        line = (f"bandwidth: copy {bound['copy_bytes_per_s'] / 1e9:.1f} GB/s ({bound['threads']} threads); target "
+                f"reads {bound['bytes_per_token'] / 2**20:.0f} MiB/token -> bound {bound['bound_tok_per_s']:.2f} "
+                f"tok/s; plain decode at {bound.get('fraction_of_bound', 0):.2f} of it")
+        if "read_bytes_per_s" in bound:                        # results written before the read probe lack it
+            line += (f"; read {bound['read_bytes_per_s'] / 1e9:.1f} GB/s -> {bound['read_bound_tok_per_s']:.2f} tok/s, "
+                     f"plain decode at {bound.get('fraction_of_read_bound', 0):.2f} of it")
+        lines.append(line)
     if cpu:
         lines.append(f"cpu: {cpu}, {results['machine']['cpus']} logical cpus")
     lines.append("")

@@ -73,7 +73,12 @@ class StepGraph:
             self._extra_row()
         else:
             self.visible = self._visibility()
-        self.cos_sin = self._rope_tables() if spec.rope else None
+        if not spec.rope:
+            self.cos_sin = None
+        elif self.in_place:
+            self.cos_sin = self._rope_caches()
+        else:
+            self.cos_sin = self._rope_tables()
         self.scale = b.const(np.float32(1.0 / np.sqrt(spec.head_dim)), np.float32, "attn_scale")
         self.masked = b.const(np.float32(np.finfo(np.float32).min), np.float32, "masked")
 
@@ -129,12 +134,19 @@ class StepGraph:
         inv_freq = b.weight("rope.inv_freq", rope_inv_freq(self.spec.rope, self.spec.head_dim).reshape(1, 1, -1))
         pos = b.op("Unsqueeze", b.op("Cast", self.position_ids, to=TensorProto.FLOAT), b.const([2]))  # [B, T, 1]
         freqs = b.op("Mul", pos, inv_freq)                                                # [B, T, D/2]
-        axis = b.const([2 if self.in_place else 1])
-        return (b.op("Unsqueeze", b.op("Cos", freqs), axis),              # [B, 1, T, D/2] or [B, T, 1, D/2]
-                b.op("Unsqueeze", b.op("Sin", freqs), axis))
+        axis = b.const([1])
+        return b.op("Unsqueeze", b.op("Cos", freqs), axis), b.op("Unsqueeze", b.op("Sin", freqs), axis)  # [B, 1, T, D/2]
+
+    def _rope_caches(self) -> tuple[str, str]:
+        """cos/sin of every position's angles [S_max, D/2], for com.microsoft.RotaryEmbedding: one node per
+        q or k instead of a dozen. The angles are float32 products, as in transformers."""
+        b = self.b
+        inv_freq = rope_inv_freq(self.spec.rope, self.spec.head_dim).astype(np.float32)
+        freqs = np.arange(self.max_seq_len, dtype=np.float32)[:, None] * inv_freq[None, :]
+        return b.weight("rope.cos_cache", np.cos(freqs)), b.weight("rope.sin_cache", np.sin(freqs))
 
     def _rotate(self, x: str) -> str:
-        """HF's rotate-half RoPE on x [B, H, T, D] (scatter) or [B, T, H, D] (gqa)."""
+        """HF's rotate-half RoPE on x [B, H, T, D] (scatter)."""
         b, (cos, sin) = self.b, self.cos_sin
         x1, x2 = b.op("Split", x, axis=-1, n_out=2)
         first = b.op("Sub", b.op("Mul", x1, cos), b.op("Mul", x2, sin))
@@ -155,14 +167,43 @@ class StepGraph:
             y = self._matmul_nbits(x, name, weight)
         return b.op("Add", y, b.weight(f"{name}.bias", bias)) if bias is not None else y
 
+    def linears(self, x: str, name: str, parts: list[tuple[str, np.ndarray, np.ndarray | None]]) -> list[str]:
+        """Several linear layers on the same input (q/k/v, gate/up) as one matrix product and a Split:
+        parts [(module name, weight [N_i, K], bias [N_i] or None)] -> outputs [..., N_i]. One call instead of
+        three saves onnxruntime's per-call work (and, quantized, quantizing the activations again). Rows
+        are quantized per module, as unfused, so the fused weight is those rows stacked."""
+        if len(parts) == 1:
+            return [self.linear(x, *parts[0])]
+        b = self.b
+        sizes = [weight.shape[0] for _, weight, _ in parts]
+        if self.quantization is None:
+            stacked = np.concatenate([weight for _, weight, _ in parts])
+            y = b.op("MatMul", x, b.weight(f"{name}.weight_t", stacked.T))
+        else:
+            pieces = [self._quantized(module, weight) for module, weight, _ in parts]
+            y = self._matmul_nbits_op(x, name, *(np.concatenate(arrays) for arrays in zip(*pieces)),
+                                      k=parts[0][1].shape[1])
+        if any(bias is not None for *_, bias in parts):
+            bias = np.concatenate([np.zeros(n, np.float32) if bias is None else bias
+                                   for (_, _, bias), n in zip(parts, sizes)])
+            y = b.op("Add", y, b.weight(f"{name}.bias", bias))
+        return b.op("Split", y, b.const(sizes), axis=-1, n_out=len(parts))
+
+    def _quantized(self, name: str, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        codes, scales, zero_points = quantize(weight, self.quantization)
+        self.quantized[name] = (codes, scales, zero_points, weight.shape[1])
+        return codes, scales, zero_points
+
     def _matmul_nbits(self, x: str, name: str, weight: np.ndarray) -> str:
+        return self._matmul_nbits_op(x, name, *self._quantized(name, weight), k=weight.shape[1])
+
+    def _matmul_nbits_op(self, x: str, name: str, codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray,
+                         k: int) -> str:
+        """codes [N, blocks, block bytes]; scales and zero points flat, row after row."""
         q, b = self.quantization, self.b
-        codes, scales, zero_points = quantize(weight, q)
-        n, k = weight.shape
-        self.quantized[name] = (codes, scales, zero_points, k)
         return b.op("MatMulNBits", x, b.weight(f"{name}.{q.name}", codes), b.weight(f"{name}.scales", scales),
                     b.weight(f"{name}.zero_points", zero_points), domain="com.microsoft",
-                    K=k, N=n, bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
+                    K=k, N=codes.shape[0], bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
 
     def attention(self, layer: int, q: str, k: str, v: str) -> str:
         """q [B, T, H*D], k/v [B, T, H_kv*D] -> context [B, T, H*D]; emits this variant's K/V outputs."""
@@ -194,11 +235,11 @@ class StepGraph:
     def _attention_in_place(self, layer: int, q: str, k: str, v: str) -> str:
         b, s = self.b, self.spec
         if self.cos_sin:
-            d = s.head_dim
-            q = b.op("Reshape", self._rotate(b.op("Reshape", q, b.const([0, 0, s.num_heads, d]))),
-                     b.const([0, 0, s.num_heads * d]))
-            k = b.op("Reshape", self._rotate(b.op("Reshape", k, b.const([0, 0, s.num_kv_heads, d]))),
-                     b.const([0, 0, s.num_kv_heads * d]))
+            cos, sin = self.cos_sin
+            q = b.op("RotaryEmbedding", q, self.position_ids, cos, sin, domain="com.microsoft", interleaved=0,
+                     num_heads=s.num_heads)                                               # [B, T, H*D]
+            k = b.op("RotaryEmbedding", k, self.position_ids, cos, sin, domain="com.microsoft", interleaved=0,
+                     num_heads=s.num_kv_heads)
         past_k, past_v = self.past[layer]
         if self.PAD_ATTENTION_ROWS:
             q = self._with_extra_row(q, None)

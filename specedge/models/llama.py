@@ -35,9 +35,12 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     b, e, d = graph.b, spec.hidden_size, spec.head_dim
     q_out, kv_out = spec.num_heads * d, spec.num_kv_heads * d
 
-    def linear(x: str, prefix: str, n_in: int, n_out: int, has_bias: bool) -> str:
+    def part(prefix: str, n_in: int, n_out: int, has_bias: bool) -> tuple:
         bias = weights.take(f"{prefix}.bias", (n_out,)) if has_bias else None
-        return graph.linear(x, prefix, weights.take(f"{prefix}.weight", (n_out, n_in)), bias)
+        return prefix, weights.take(f"{prefix}.weight", (n_out, n_in)), bias
+
+    def linear(x: str, prefix: str, n_in: int, n_out: int, has_bias: bool) -> str:
+        return graph.linear(x, *part(prefix, n_in, n_out, has_bias))
 
     def rms_norm(x: str, name: str) -> str:
         w = b.weight(name, weights.take(name, (e,)))
@@ -52,14 +55,13 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
         h = rms_norm(x, f"{p}.input_layernorm.weight")
-        q = linear(h, f"{p}.self_attn.q_proj", e, q_out, spec.qkv_bias)
-        k = linear(h, f"{p}.self_attn.k_proj", e, kv_out, spec.qkv_bias)
-        v = linear(h, f"{p}.self_attn.v_proj", e, kv_out, spec.qkv_bias)
+        q, k, v = graph.linears(h, f"{p}.self_attn.qkv_proj", [part(f"{p}.self_attn.{name}_proj", e, n, spec.qkv_bias)
+                                                             for name, n in (("q", q_out), ("k", kv_out), ("v", kv_out))])
         context = graph.attention(i, q, k, v)
         x = b.op("Add", x, linear(context, f"{p}.self_attn.o_proj", q_out, e, spec.o_bias))
         h = rms_norm(x, f"{p}.post_attention_layernorm.weight")
-        gate = linear(h, f"{p}.mlp.gate_proj", e, spec.intermediate_size, spec.mlp_bias)
-        up = linear(h, f"{p}.mlp.up_proj", e, spec.intermediate_size, spec.mlp_bias)
+        gate, up = graph.linears(h, f"{p}.mlp.gate_up_proj", [part(f"{p}.mlp.{name}_proj", e, spec.intermediate_size,
+                                                                  spec.mlp_bias) for name in ("gate", "up")])
         act = b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up)                  # silu(gate) * up
         x = b.op("Add", x, linear(act, f"{p}.mlp.down_proj", spec.intermediate_size, e, spec.mlp_bias))
     x = rms_norm(x, "model.norm.weight")

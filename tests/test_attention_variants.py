@@ -36,7 +36,7 @@ def _rows_and_singles(bundle):
 def test_manifest_names_the_variant(arch_bundles, scatter_bundles):
     gqa = json.loads((arch_bundles["qwen2"] / "manifest.json").read_text())["models"]["target"]
     scatter = json.loads((scatter_bundles["qwen2"] / "manifest.json").read_text())["models"]["target"]
-    assert gqa["graph_variant"] == "static-kv-gqa-v1" and scatter["graph_variant"] == "static-kv-scatter-v2"
+    assert gqa["graph_variant"] == "static-kv-gqa-v2" and scatter["graph_variant"] == "static-kv-scatter-v2"
     assert "present_key.0" in gqa["io"]["outputs"] and "key.0" in scatter["io"]["outputs"]
     assert _step(arch_bundles["qwen2"]).in_place and not _step(scatter_bundles["qwen2"]).in_place
 
@@ -66,7 +66,8 @@ def test_in_place_graph_writes_the_buffers_itself(arch_bundles, scatter_bundles)
         assert np.abs(gqa.values[layer][:, :, :5]).max() > 0
         np.testing.assert_allclose(gqa.keys[layer][:, :, :5], scatter.keys[layer][:, :, :5], atol=1e-5)
         np.testing.assert_allclose(gqa.values[layer][:, :, :5], scatter.values[layer][:, :, :5], atol=1e-5)
-        assert not gqa.values[layer][:, :, 5:].any()          # nothing beyond the committed tokens
+        # slot 5 holds the last call's throwaway attention row; nothing beyond it is written
+        assert not gqa.values[layer][:, :, 6:].any()
 
 
 @pytest.mark.parametrize("variant", ["gqa", "scatter"])
@@ -90,8 +91,7 @@ def test_in_place_attention_needs_its_extra_row(workdir, monkeypatch):
 
 
 def test_single_token_at_position_zero(arch_bundles):
-    """At position 0 the extra row goes after the call (there is no slot before): same row as in a longer
-    first call."""
+    """A single first token gets the same row as in a longer first call (the extra row goes after it)."""
     one = _step(arch_bundles["llama"]).feed([42]).copy()
     two = _step(arch_bundles["llama"]).feed([42, 43])[:1].copy()
     np.testing.assert_array_equal(one, two)
@@ -112,3 +112,23 @@ def test_unknown_attention_variant_is_refused(tmp_path):
     with pytest.raises(ExportError, match="--attention must be one of gqa, scatter"):
         export_bundle("unused", None, tmp_path / "b", attention="flash", progress=None)
     assert not (tmp_path / "b").exists()
+
+
+def test_in_place_buffers_have_a_headroom_slot_and_fill_to_max_seq_len(arch_bundles):
+    """gqa v2: buffers hold max_seq_len + 1 slots (the throwaway row of a call ending at the last position
+    goes into the extra one); a model fed to exactly max_seq_len gives the rows a scatter-free reference
+    gives: the same tokens fed in one chunk and then one by one."""
+    manifest = json.loads((arch_bundles["qwen2"] / "manifest.json").read_text())
+    size = manifest["max_seq_len"]
+    assert manifest["models"]["target"]["kv"]["slots"] == size + 1
+    ids = np.random.default_rng(5).integers(0, 256, size=size).tolist()
+    chunked, single = _step(arch_bundles["qwen2"]), _step(arch_bundles["qwen2"])
+    assert chunked.keys[0].shape[2] == size + 1
+    chunked.feed(ids[:-3])
+    single.feed(ids[:-3])
+    rows = chunked.feed(ids[-3:]).copy()
+    singles = np.stack([single.feed([t])[0].copy() for t in ids[-3:]])
+    np.testing.assert_array_equal(rows, singles)
+    assert chunked.pos == single.pos == size
+    with pytest.raises(ValueError, match="exceed max_seq_len"):
+        chunked.feed([1])

@@ -33,7 +33,8 @@ def test_bench_cli_writes_results_and_plots(good_bundle, tmp_path, capsys):
     target = manifest["models"]["target"]
     assert memory["target"]["weight_bytes"] == target["weight_bytes"]
     # K and V, per layer: [1, H_kv, max_seq_len, D] float32
-    assert memory["target"]["kv_bytes"] == 2 * target["kv"]["num_layers"] * target["kv"]["num_kv_heads"] * 256 * \
+    # (gqa bundles: max_seq_len 256 + one headroom slot)
+    assert memory["target"]["kv_bytes"] == 2 * target["kv"]["num_layers"] * target["kv"]["num_kv_heads"] * 257 * \
         target["kv"]["head_dim"] * 4
     assert memory["total_bytes"] == sum(memory[r]["weight_bytes"] + memory[r]["kv_bytes"] for r in ("target", "draft"))
     assert results["machine"]["peak_rss_bytes"] > memory["total_bytes"]

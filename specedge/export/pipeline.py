@@ -194,7 +194,7 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
         "spec": spec.to_json(), "io": io_names(spec.num_layers, attention), "weights": weights_kind,
         "weight_bytes": builder.weight_bytes,
         "kv": {"num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
-               "dtype": "float32"},
+               "dtype": "float32", "slots": graph.kv_slots},
     }
     if head:
         entry["logit_rows"], entry["vocab_subset"] = len(head_rows), head["record"]

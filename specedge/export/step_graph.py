@@ -3,8 +3,8 @@
 inputs   input_ids      int64 [B, T]
          position_ids   int64 [B, T]              absolute positions; row b writes at position_ids[b]
          num_logits     int64 [1]                 n <= T: logits only for the last n tokens
-         past_key.{i}   float [B, H_kv, S_max, D] the whole static buffer of layer i
-         past_value.{i} float [B, H_kv, S_max, D]
+         past_key.{i}   float [B, H_kv, S, D]     the whole static buffer of layer i (S = S_max, or
+         past_value.{i} float [B, H_kv, S, D]     S_max + 1 for gqa: one headroom slot, see below)
 outputs  logits         float [B, n, V]
          key.{i}        float [B, H_kv, T, D]     K/V of the T new tokens only (after RoPE)
          value.{i}      float [B, H_kv, T, D]
@@ -16,11 +16,13 @@ and a query at position p attends to slots j <= p of that copy; outputs key.{i}/
 tokens' K/V [B, H_kv, T, D], which the runtime writes into its buffers. Every step copies and attends
 over all S_max slots.
 
-"gqa" (static-kv-gqa-v1): com.microsoft GroupQueryAttention with present_key.{i}/present_value.{i}
-[B, H_kv, S_max, D] bound by the runtime to the same memory as past_key.{i}: the new K/V are written in
-place and attention reads only the valid length (the last position + 1). Its rows are bitwise
-independent of the row count only from two rows on (a single row takes another MLAS path), so the
-attention gets one extra row (see StepGraph._extra_row) while the linear layers run on the T rows.
+"gqa" (static-kv-gqa-v2): com.microsoft GroupQueryAttention with present_key.{i}/present_value.{i}
+[B, H_kv, S_max + 1, D] bound by the runtime to the same memory as past_key.{i}: the new K/V are written
+in place and attention reads only the valid length. Its rows are bitwise independent of the row count
+only from two rows on (a single row takes another MLAS path), so the attention always gets one
+throwaway row after the last (see StepGraph._extra_row), written into the slot after the last position
+(hence the headroom slot), while the linear layers run on the T rows. (v1 put the extra row before the
+first position, re-reading the committed slot from the buffer: more nodes per layer; still loadable.)
 
 Either way slots beyond the committed length (stale drafts) never matter, so rejection costs nothing;
 and a token's attention sums over the same slots in the same order whether it arrives alone or in a
@@ -40,7 +42,7 @@ from specedge.export.onnx_builder import GraphBuilder
 from specedge.export.quantize import Quantization, quantize
 from specedge.models.spec import ModelSpec, rope_inv_freq
 
-ATTENTION_VARIANTS = {"gqa": "static-kv-gqa-v1",
+ATTENTION_VARIANTS = {"gqa": "static-kv-gqa-v2",
                       "scatter": "static-kv-scatter-v2"}   # scatter v1: no num_logits input (still loadable)
 
 
@@ -62,7 +64,8 @@ class StepGraph:
         # R = the GQA group size, or 2 (the query rows duplicated) for plain multi-head attention.
         self.groups = spec.num_heads // spec.num_kv_heads
         self.query_rows = max(self.groups, 2)
-        b, kv_shape = builder, ["batch", spec.num_kv_heads, max_seq_len, spec.head_dim]
+        self.kv_slots = max_seq_len + (1 if self.in_place and self.PAD_ATTENTION_ROWS else 0)
+        b, kv_shape = builder, ["batch", spec.num_kv_heads, self.kv_slots, spec.head_dim]
         self.input_ids = b.input("input_ids", TensorProto.INT64, ["batch", "step"])
         self.position_ids = b.input("position_ids", TensorProto.INT64, ["batch", "step"])
         self.num_logits = b.input("num_logits", TensorProto.INT64, [1])
@@ -92,42 +95,29 @@ class StepGraph:
 
     def _extra_row(self) -> None:
         """GroupQueryAttention sees T + 1 rows: its rows are bitwise independent of the row count only from
-        two rows on. The extra row is the committed slot before the first position, read back from the
-        buffer (so rewriting it changes no bit), or at position 0 a throwaway row after the last (its slot
-        is overwritten later). Sets: before [1, 1, 1] bool, the slot to read, the output row range and
-        GroupQueryAttention's lengths (seqlens_k int32 [B], total int32 [])."""
+        two rows on. The extra row is a copy of the last, at the position after it: its K/V land in the
+        headroom slot or in a slot beyond the committed length, which is never read before it is rewritten.
+        Sets the attention's positions [B, T + 1] and GroupQueryAttention's lengths (seqlens_k int32 [B]: the
+        index of the last row, total int32 [])."""
         b, pos = self.b, self.position_ids
-        big = np.iinfo(np.int64).max
-        first = b.op("Slice", pos, b.const([0]), b.const([1]), b.const([1]))              # [B, 1]
-        last = b.op("Slice", pos, b.const([-1]), b.const([big]), b.const([1]))            # [B, 1]
-        first0 = b.op("Reshape", b.op("Slice", first, b.const([0]), b.const([1]), b.const([0])), b.const([1]))
-        before = b.op("Greater", first0, b.const([0]))                                    # [1]
-        self.before = b.op("Reshape", before, b.const([1, 1, 1]))
-        self.previous_slot = b.op("Max", b.op("Sub", first0, b.const([1])), b.const([0]))  # [1]
-        after = b.op("Cast", b.op("Not", before), to=TensorProto.INT64)                   # [1]: 1 at position 0
-        if not self.PAD_ATTENTION_ROWS:
-            after = b.const([0])
-        steps = b.op("Slice", b.op("Shape", self.input_ids), b.const([1]), b.const([2]))  # [1] = T
-        self.rows_from = b.op("Sub", b.const([1]), after)
-        self.rows_to = b.op("Add", self.rows_from, steps)
-        last = b.op("Add", b.op("Squeeze", last, b.const([1])), after)                     # [B]
+        last = b.op("Slice", pos, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1]))   # [B, 1]
+        if self.PAD_ATTENTION_ROWS:
+            last = b.op("Add", last, b.const([[1]]))
+            self.attention_positions = b.op("Concat", pos, last, axis=1)                  # [B, T + 1]
+        else:
+            self.attention_positions = pos
+        last = b.op("Squeeze", last, b.const([1]))                                        # [B]
         self.seqlens_k = b.op("Cast", last, to=TensorProto.INT32)
         self.total_length = b.op("Cast", b.op("Add", b.op("ReduceMax", last, keepdims=0), b.const(1)),
                                  to=TensorProto.INT32)
 
-    def _with_extra_row(self, x: str, saved: str | None) -> str:
-        """x [B, T, C] -> [B, T + 1, C]: `saved` ([B, 1, C], the buffer's slot) or a copy of a row of x."""
-        b = self.b
-        big = np.iinfo(np.int64).max
-        tail = b.op("Slice", x, b.const([-1]), b.const([big]), b.const([1]))               # [B, 1, C]
-        head = saved or b.op("Slice", x, b.const([0]), b.const([1]), b.const([1]))
-        return b.op("Where", self.before, b.op("Concat", head, x, axis=1), b.op("Concat", x, tail, axis=1))
-
-    def _saved_slot(self, buffer: str, heads: int) -> str:
-        """The K or V slot before the first position, [B, H_kv, S, D] -> [B, 1, H_kv*D]."""
-        b = self.b
-        slot = b.op("Gather", buffer, self.previous_slot, axis=2)                           # [B, H_kv, 1, D]
-        return b.op("Reshape", b.op("Transpose", slot, perm=[0, 2, 1, 3]), b.const([0, 0, heads * self.spec.head_dim]))
+    def with_extra_row(self, x: str) -> str:
+        """x [B, T, C] -> [B, T + 1, C], the last row repeated (gqa only; see _extra_row). Applied once to a
+        fused q/k/v projection, it serves all three."""
+        if not (self.in_place and self.PAD_ATTENTION_ROWS):
+            return x
+        tail = self.b.op("Slice", x, self.b.const([-1]), self.b.const([np.iinfo(np.int64).max]), self.b.const([1]))
+        return self.b.op("Concat", x, tail, axis=1)
 
     def _rope_tables(self) -> tuple[str, str]:
         b = self.b
@@ -142,7 +132,7 @@ class StepGraph:
         q or k instead of a dozen. The angles are float32 products, as in transformers."""
         b = self.b
         inv_freq = rope_inv_freq(self.spec.rope, self.spec.head_dim).astype(np.float32)
-        freqs = np.arange(self.max_seq_len, dtype=np.float32)[:, None] * inv_freq[None, :]
+        freqs = np.arange(self.kv_slots, dtype=np.float32)[:, None] * inv_freq[None, :]     # the extra row's too
         return b.weight("rope.cos_cache", np.cos(freqs)), b.weight("rope.sin_cache", np.sin(freqs))
 
     def _rotate(self, x: str) -> str:
@@ -167,13 +157,13 @@ class StepGraph:
             y = self._matmul_nbits(x, name, weight)
         return b.op("Add", y, b.weight(f"{name}.bias", bias)) if bias is not None else y
 
-    def linears(self, x: str, name: str, parts: list[tuple[str, np.ndarray, np.ndarray | None]]) -> list[str]:
+    def linears(self, x: str, name: str, parts: list[tuple[str, np.ndarray, np.ndarray | None]],
+                attention_input: bool = False) -> list[str]:
         """Several linear layers on the same input (q/k/v, gate/up) as one matrix product and a Split:
         parts [(module name, weight [N_i, K], bias [N_i] or None)] -> outputs [..., N_i]. One call instead of
         three saves onnxruntime's per-call work (and, quantized, quantizing the activations again). Rows
-        are quantized per module, as unfused, so the fused weight is those rows stacked."""
-        if len(parts) == 1:
-            return [self.linear(x, *parts[0])]
+        are quantized per module, as unfused, so the fused weight is those rows stacked. attention_input:
+        the outputs are q, k, v for attention(..., extra_row_added=True), with the extra row added once."""
         b = self.b
         sizes = [weight.shape[0] for _, weight, _ in parts]
         if self.quantization is None:
@@ -187,6 +177,8 @@ class StepGraph:
             bias = np.concatenate([np.zeros(n, np.float32) if bias is None else bias
                                    for (_, _, bias), n in zip(parts, sizes)])
             y = b.op("Add", y, b.weight(f"{name}.bias", bias))
+        if attention_input:
+            y = self.with_extra_row(y)
         return b.op("Split", y, b.const(sizes), axis=-1, n_out=len(parts))
 
     def _quantized(self, name: str, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -205,9 +197,12 @@ class StepGraph:
                     b.weight(f"{name}.zero_points", zero_points), domain="com.microsoft",
                     K=k, N=codes.shape[0], bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
 
-    def attention(self, layer: int, q: str, k: str, v: str) -> str:
-        """q [B, T, H*D], k/v [B, T, H_kv*D] -> context [B, T, H*D]; emits this variant's K/V outputs."""
+    def attention(self, layer: int, q: str, k: str, v: str, extra_row_added: bool = False) -> str:
+        """q [B, T, H*D], k/v [B, T, H_kv*D] -> context [B, T, H*D]; emits this variant's K/V outputs.
+        extra_row_added: q, k, v come from linears(..., attention_input=True)."""
         if self.in_place:
+            if not extra_row_added:
+                q, k, v = (self.with_extra_row(x) for x in (q, k, v))
             return self._attention_in_place(layer, q, k, v)
         b, s = self.b, self.spec
         q, k, v = self._heads(q, s.num_heads), self._heads(k, s.num_kv_heads), self._heads(v, s.num_kv_heads)
@@ -236,26 +231,22 @@ class StepGraph:
         b, s = self.b, self.spec
         if self.cos_sin:
             cos, sin = self.cos_sin
-            q = b.op("RotaryEmbedding", q, self.position_ids, cos, sin, domain="com.microsoft", interleaved=0,
-                     num_heads=s.num_heads)                                               # [B, T, H*D]
-            k = b.op("RotaryEmbedding", k, self.position_ids, cos, sin, domain="com.microsoft", interleaved=0,
-                     num_heads=s.num_kv_heads)
+            q = b.op("RotaryEmbedding", q, self.attention_positions, cos, sin, domain="com.microsoft",
+                     interleaved=0, num_heads=s.num_heads)                                # [B, T + 1, H*D]
+            k = b.op("RotaryEmbedding", k, self.attention_positions, cos, sin, domain="com.microsoft",
+                     interleaved=0, num_heads=s.num_kv_heads)
         past_k, past_v = self.past[layer]
-        if self.PAD_ATTENTION_ROWS:
-            q = self._with_extra_row(q, None)
-            k = self._with_extra_row(k, self._saved_slot(past_k, s.num_kv_heads))
-            v = self._with_extra_row(v, self._saved_slot(past_v, s.num_kv_heads))
         # present_* are the node's own outputs (no Identity): onnxruntime shares them with past_* only then
         present = (f"present_key.{layer}", f"present_value.{layer}")
         context, present_k, present_v = b.op(
             "GroupQueryAttention", q, k, v, past_k, past_v, self.seqlens_k, self.total_length, n_out=3,
             out_names=[None, *present], domain="com.microsoft", num_heads=s.num_heads, kv_num_heads=s.num_kv_heads,
             scale=float(1.0 / np.sqrt(s.head_dim)))
-        kv_shape = ["batch", s.num_kv_heads, self.max_seq_len, s.head_dim]
+        kv_shape = ["batch", s.num_kv_heads, self.kv_slots, s.head_dim]
         b.output(present_k, f"present_key.{layer}", TensorProto.FLOAT, kv_shape)
         b.output(present_v, f"present_value.{layer}", TensorProto.FLOAT, kv_shape)
         if self.PAD_ATTENTION_ROWS:
-            context = b.op("Slice", context, self.rows_from, self.rows_to, b.const([1]))
+            context = b.op("Slice", context, b.const([0]), b.const([-1]), b.const([1]))   # drops the extra row
         return context                                                                    # [B, T, H*D]
 
     def logits(self, hidden: str, head: np.ndarray, tied_embedding: str | None = None) -> None:

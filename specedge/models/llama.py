@@ -56,8 +56,9 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         p = f"model.layers.{i}"
         h = rms_norm(x, f"{p}.input_layernorm.weight")
         q, k, v = graph.linears(h, f"{p}.self_attn.qkv_proj", [part(f"{p}.self_attn.{name}_proj", e, n, spec.qkv_bias)
-                                                             for name, n in (("q", q_out), ("k", kv_out), ("v", kv_out))])
-        context = graph.attention(i, q, k, v)
+                                                             for name, n in (("q", q_out), ("k", kv_out), ("v", kv_out))],
+                                attention_input=True)
+        context = graph.attention(i, q, k, v, extra_row_added=True)
         x = b.op("Add", x, linear(context, f"{p}.self_attn.o_proj", q_out, e, spec.o_bias))
         h = rms_norm(x, f"{p}.post_attention_layernorm.weight")
         gate, up = graph.linears(h, f"{p}.mlp.gate_up_proj", [part(f"{p}.mlp.{name}_proj", e, spec.intermediate_size,

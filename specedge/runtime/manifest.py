@@ -27,7 +27,7 @@ from specedge.errors import BundleError
 FORMAT = "specedge-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-KNOWN_GRAPH_VARIANTS = ("static-kv-scatter-v1", "static-kv-scatter-v2", "static-kv-gqa-v1")
+KNOWN_GRAPH_VARIANTS = ("static-kv-scatter-v1", "static-kv-scatter-v2", "static-kv-gqa-v1", "static-kv-gqa-v2")
 
 
 def sha256_of(path: Path, chunk: int = 1 << 22) -> str:

@@ -7,9 +7,10 @@ import sys
 
 
 def kv_buffer_bytes(manifest: dict, role: str, max_seq_len: int | None = None) -> int:
-    """K and V buffers of every layer, [1, H_kv, max_seq_len, D] float32 each."""
+    """K and V buffers of every layer, [1, H_kv, slots, D] float32 each (slots: max_seq_len, + 1 for gqa v2)."""
     kv = manifest["models"][role]["kv"]
     seq = max_seq_len or manifest["max_seq_len"]
+    seq += kv.get("slots", manifest["max_seq_len"]) - manifest["max_seq_len"]
     return 2 * kv["num_layers"] * kv["num_kv_heads"] * seq * kv["head_dim"] * 4
 
 

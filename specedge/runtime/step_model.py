@@ -6,7 +6,8 @@ allocates no KV memory. `pos` is the number of committed tokens in the buffers: 
 setting it back, nothing else: slots at or beyond `pos` are masked by the graph and overwritten later.
 
 In-place graphs (gqa) write the buffers themselves: their present_* outputs are bound to the past_*
-memory, and nothing is copied after a call.
+memory, and nothing is copied after a call. Their buffers hold one slot more than max_seq_len (v2: the
+graph's throwaway attention row is written after the last position); the graph's input shape says.
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ class StepModel:
         self.max_step = max_step
         outputs = {o.name for o in self.session.get_outputs()}
         self.in_place = "present_key.0" in outputs
-        kv_shape = (1, kv["num_kv_heads"], max_seq_len, kv["head_dim"])                   # [B, H_kv, S, D]
+        slots = self.session.get_inputs()[[i.name for i in self.session.get_inputs()].index("past_key.0")].shape[2]
+        self.kv_slots = slots if isinstance(slots, int) else max_seq_len
+        # v1 in-place graphs have no headroom slot: at position 0 their extra row goes after the call
+        self._limit_at_zero = max_seq_len - 1 if self.in_place and self.kv_slots == max_seq_len else None
+        kv_shape = (1, kv["num_kv_heads"], self.kv_slots, kv["head_dim"])                 # [B, H_kv, S, D]
         self.keys = [np.zeros(kv_shape, np.float32) for _ in range(self.num_layers)]
         self.values = [np.zeros(kv_shape, np.float32) for _ in range(self.num_layers)]
         self.kv_bytes = 2 * sum(k.nbytes for k in self.keys)
@@ -117,8 +122,8 @@ class StepModel:
         logits, at = None, 0
         while at < len(tokens):
             size = self.max_step
-            if self.in_place and self.pos == 0:
-                size = min(size, self.max_seq_len - 1)      # at position 0 the graph uses the slot after the call
+            if self._limit_at_zero and self.pos == 0:
+                size = min(size, self._limit_at_zero)
             chunk = tokens[at: at + size]
             at += len(chunk)
             logits = self._run(chunk, self.pos, (last or len(chunk)) if at >= len(tokens) else 1)

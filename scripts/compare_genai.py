@@ -1,7 +1,8 @@
 """Plain target-only decoding: specedge against onnxruntime-genai on the same weights, in one process.
 
     pip install onnxruntime-genai==0.18.0 onnx_ir          # dev only, not a specedge dependency
-    python -m onnxruntime_genai.models.builder -i HF_FOLDER -o GENAI_DIR -p fp32 -e cpu
+    python scripts/gguf_to_hf.py MODEL.gguf HF_FOLDER         # the same weights specedge exports
+    python -m onnxruntime_genai.models.builder -i HF_FOLDER -o GENAI_DIR -p fp32 -e cpu   # or -p int4
     python scripts/compare_genai.py GENAI_DIR BUNDLE [--max-new-tokens 64] [--repeat 2]
 
 Both run with the same intra-op thread count (--threads, default: all logical CPUs, specedge's default):

@@ -128,7 +128,7 @@ class StepGraph:
         return b.op("Unsqueeze", b.op("Cos", freqs), axis), b.op("Unsqueeze", b.op("Sin", freqs), axis)  # [B, 1, T, D/2]
 
     def _rope_caches(self) -> tuple[str, str]:
-        """cos/sin of every position's angles [S_max, D/2], for com.microsoft.RotaryEmbedding: one node per
+        """cos/sin of every slot's angles [S_max + 1, D/2], for com.microsoft.RotaryEmbedding: one node per
         q or k instead of a dozen. The angles are float32 products, as in transformers."""
         b = self.b
         inv_freq = rope_inv_freq(self.spec.rope, self.spec.head_dim).astype(np.float32)

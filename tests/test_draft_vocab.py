@@ -111,3 +111,20 @@ def test_draft_vocab_needs_a_corpus_and_a_draft(tmp_path, capsys):
                  "--draft-vocab-from", str(tmp_path)])
     assert code != 0 and "--draft-vocab needs a draft model" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+def test_a_quantized_draft_with_a_lighter_head(workdir):
+    """int4 draft and a 48-token head together: the export check dequantizes only the head's rows, and
+    greedy output stays the target's."""
+    corpus = workdir / "corpus-q.txt"
+    corpus.write_text(CORPUS)
+    target = tm.make_model("qwen2", TARGET_ROWS, seed=1)
+    bundle = _export(workdir, "vocab-48-int4", target, tm.perturbed(target, seed=3, noise=0.01), tm.byte_tokenizer(),
+                     draft_quantize="int4", draft_vocab=48, draft_vocab_from=str(corpus))
+    draft = json.loads((bundle / "manifest.json").read_text())["models"]["draft"]
+    assert draft["weights"] == "int4" and draft["logit_rows"] == 48
+    assert draft["export_check"]["max_abs_logit_error"] <= draft["export_check"]["tolerance"]
+    gen = load(bundle)
+    baseline = gen.generate("def add(a, b):", max_new_tokens=40, k=0, use_draft=False, ignore_eos=True)
+    result = gen.generate("def add(a, b):", max_new_tokens=40, k=4, ignore_eos=True)
+    assert result.tokens == baseline.tokens and result.stats.n_verify > 0

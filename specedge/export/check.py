@@ -83,11 +83,13 @@ def prompt_agreement(onnx_path: Path, model_entry: dict, torch_model, prompts: l
             "max_abs_logit_error": error}
 
 
-def load_dequantized(torch_model, quantized: dict, quantization, vocab_size: int, conv1d: bool) -> None:
+def load_dequantized(torch_model, quantized: dict, quantization, vocab_size: int, conv1d: bool,
+                     head_rows=None) -> None:
     """Replaces the model's quantized weights by their dequantized values, in place.
 
     quantized: module name -> (codes, scales, zero points, K) as written into the graph. A tied LM
-    head is untied first: the graph's embedding stays fp32.
+    head is untied first: the graph's embedding stays fp32. head_rows: the token ids of a lighter
+    head's rows (the graph quantized only those; the check compares only their columns).
     """
     import torch
 
@@ -99,7 +101,7 @@ def load_dequantized(torch_model, quantized: dict, quantization, vocab_size: int
             weight = torch.from_numpy(dequantize(codes, scales, zero_points, k, quantization))
             if name == "lm_head":
                 full = module.weight.detach().clone().float()
-                full[:vocab_size] = weight
+                full[torch.as_tensor(head_rows) if head_rows is not None else slice(0, vocab_size)] = weight
                 module.weight = torch.nn.Parameter(full)
             else:
                 module.weight.copy_(weight.T if conv1d else weight)

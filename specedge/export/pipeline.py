@@ -209,7 +209,8 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
         say(f"{role}: top-1 agreement {quality['top1_agreement']:.3f} over {quality['positions']} positions, "
             f"max logit error {quality['max_abs_logit_error']:.3g}")
     if quantization is not None:
-        load_dequantized(model, graph.quantized, quantization, vocab_size, conv1d=spec.family == "gpt2")
+        load_dequantized(model, graph.quantized, quantization, vocab_size, conv1d=spec.family == "gpt2",
+                         head_rows=head_rows)
     graph.quantized.clear()
     say(f"{role}: checking the graph against transformers (prefill + multi-token steps"
         f"{', dequantized weights' if quantization else ''})")

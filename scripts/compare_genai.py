@@ -16,13 +16,13 @@ which both produced the same tokens.
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 import numpy as np
 import onnxruntime_genai as og
 
+from plain_decode_race import race
 from specedge.bench.runner import BUILTIN_PROMPTS
 from specedge.runtime import load
 
@@ -57,27 +57,7 @@ def main(argv: list[str]) -> None:
     prompts = [gen.encode(row["prompt"], row.get("chat", False)) for row in BUILTIN_PROMPTS]
     genai_generate(model, prompts[0], 8)                                    # warm-up, excluded
     gen.generate_ids(prompts[0], max_new_tokens=8, use_draft=False)
-    rates = {"onnxruntime-genai": [], "specedge": []}
-    same = []
-    for r in range(args.repeat):
-        tokens = {"onnxruntime-genai": 0, "specedge": 0}
-        seconds = {"onnxruntime-genai": 0.0, "specedge": 0.0}
-        for ids in prompts:
-            theirs, t_genai = genai_generate(model, ids, n)
-            ours = gen.generate_ids(ids, max_new_tokens=n, use_draft=False, k=0, ignore_eos=True)
-            tokens["onnxruntime-genai"] += len(theirs)
-            seconds["onnxruntime-genai"] += t_genai
-            tokens["specedge"] += len(ours.tokens)
-            seconds["specedge"] += ours.stats.total_s
-            same.append(theirs == ours.tokens)
-        for name in rates:
-            rates[name].append(tokens[name] / seconds[name])
-        print(f"round {r + 1}/{args.repeat} done", file=sys.stderr)
-    base = statistics.median(rates["onnxruntime-genai"])
-    for name, values in rates.items():
-        median = statistics.median(values)
-        print(f"{name:<18} {median:6.2f} tok/s  {median / base:5.2f}x   per round {['%.2f' % v for v in values]}")
-    print(f"same tokens on {sum(same)}/{len(same)} prompt runs")
+    race("onnxruntime-genai", lambda ids, count: genai_generate(model, ids, count), gen, prompts, n, args.repeat)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ class StepModel:
         self.max_step = max_step
         outputs = {o.name for o in self.session.get_outputs()}
         self.in_place = "present_key.0" in outputs
-        slots = self.session.get_inputs()[[i.name for i in self.session.get_inputs()].index("past_key.0")].shape[2]
+        slots = next(i.shape[2] for i in self.session.get_inputs() if i.name == "past_key.0")
         self.kv_slots = slots if isinstance(slots, int) else max_seq_len
         # v1 in-place graphs have no headroom slot: at position 0 their extra row goes after the call
         self._limit_at_zero = max_seq_len - 1 if self.in_place and self.kv_slots == max_seq_len else None

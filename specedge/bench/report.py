@@ -10,7 +10,6 @@ def table(results: dict) -> str:
             f"{'draft':>6} {'verify':>7} {'other':>6} {'predicted':>9} {'meas/pred':>9} {'same':>5}  "
             "acceptance per position")
     lines = [head, "-" * len(head)]
-    cpu = results.get("machine", {}).get("cpu")
     for name, p in results["policies"].items():
         split = p["time_split"]
         same = {True: "yes", False: "NO", None: "n/a"}[p["identical_to_target"]]
@@ -35,6 +34,7 @@ def table(results: dict) -> str:
             line += (f"; read {bound['read_bytes_per_s'] / 1e9:.1f} GB/s -> {bound['read_bound_tok_per_s']:.2f} tok/s, "
                      f"plain decode at {bound.get('fraction_of_read_bound', 0):.2f} of it")
         lines.append(line)
+    cpu = results.get("machine", {}).get("cpu")
     if cpu:
         lines.append(f"cpu: {cpu}, {results['machine']['cpus']} logical cpus")
     lines.append("")

@@ -152,22 +152,25 @@ def _aggregate(gen, spec: str, runs, target_runs, greedy: bool) -> dict:
     }
 
 
+CPU_FEATURES = [("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_vnni", "AVX-512 VNNI"), ("avx_vnni", "AVX-VNNI"),
+                ("amx_int8", "AMX-INT8")]
+
+
 def cpu_description() -> str:
     """The CPU model and the vector extensions that pick onnxruntime's MatMul kernels (AVX2, AVX-512, VNNI,
     AMX): the same bundle's speed differs several-fold between them, so every result names them."""
     try:
-        info = Path("/proc/cpuinfo").read_text()
+        info = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
         return platform.processor() or platform.machine()
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
-                 platform.machine())
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    fields = {}
+    for line in info:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())          # the first CPU's
+    model = fields.get("model name") or platform.machine()
+    flags = set(fields.get("flags", "").split())
     shown = [name for flag, name in CPU_FEATURES if flag in flags]
     return f"{model} ({', '.join(shown)})" if shown else model
-
-
-CPU_FEATURES = [("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_vnni", "AVX-512 VNNI"), ("avx_vnni", "AVX-VNNI"),
-                ("amx_int8", "AMX-INT8")]
 
 
 def machine_info(gen) -> dict:

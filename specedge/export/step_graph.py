@@ -64,7 +64,8 @@ class StepGraph:
         # R = the GQA group size, or 2 (the query rows duplicated) for plain multi-head attention.
         self.groups = spec.num_heads // spec.num_kv_heads
         self.query_rows = max(self.groups, 2)
-        self.kv_slots = max_seq_len + (1 if self.in_place and self.PAD_ATTENTION_ROWS else 0)
+        self.extra_row = self.in_place and self.PAD_ATTENTION_ROWS
+        self.kv_slots = max_seq_len + (1 if self.extra_row else 0)
         b, kv_shape = builder, ["batch", spec.num_kv_heads, self.kv_slots, spec.head_dim]
         self.input_ids = b.input("input_ids", TensorProto.INT64, ["batch", "step"])
         self.position_ids = b.input("position_ids", TensorProto.INT64, ["batch", "step"])
@@ -101,7 +102,7 @@ class StepGraph:
         index of the last row, total int32 [])."""
         b, pos = self.b, self.position_ids
         last = b.op("Slice", pos, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1]))   # [B, 1]
-        if self.PAD_ATTENTION_ROWS:
+        if self.extra_row:
             last = b.op("Add", last, b.const([[1]]))
             self.attention_positions = b.op("Concat", pos, last, axis=1)                  # [B, T + 1]
         else:
@@ -111,11 +112,8 @@ class StepGraph:
         self.total_length = b.op("Cast", b.op("Add", b.op("ReduceMax", last, keepdims=0), b.const(1)),
                                  to=TensorProto.INT32)
 
-    def with_extra_row(self, x: str) -> str:
-        """x [B, T, C] -> [B, T + 1, C], the last row repeated (gqa only; see _extra_row). Applied once to a
-        fused q/k/v projection, it serves all three."""
-        if not (self.in_place and self.PAD_ATTENTION_ROWS):
-            return x
+    def _with_extra_row(self, x: str) -> str:
+        """x [B, T, C] -> [B, T + 1, C], the last row repeated (see _extra_row)."""
         tail = self.b.op("Slice", x, self.b.const([-1]), self.b.const([np.iinfo(np.int64).max]), self.b.const([1]))
         return self.b.op("Concat", x, tail, axis=1)
 
@@ -157,13 +155,11 @@ class StepGraph:
             y = self._matmul_nbits(x, name, weight)
         return b.op("Add", y, b.weight(f"{name}.bias", bias)) if bias is not None else y
 
-    def linears(self, x: str, name: str, parts: list[tuple[str, np.ndarray, np.ndarray | None]],
-                attention_input: bool = False) -> list[str]:
-        """Several linear layers on the same input (q/k/v, gate/up) as one matrix product and a Split:
-        parts [(module name, weight [N_i, K], bias [N_i] or None)] -> outputs [..., N_i]. One call instead of
-        three saves onnxruntime's per-call work (and, quantized, quantizing the activations again). Rows
-        are quantized per module, as unfused, so the fused weight is those rows stacked. attention_input:
-        the outputs are q, k, v for attention(..., extra_row_added=True), with the extra row added once."""
+    def fused_linear(self, x: str, name: str, parts: list[tuple[str, np.ndarray, np.ndarray | None]]) -> str:
+        """Several linear layers on the same input (q/k/v, gate/up) as one matrix product: parts [(module
+        name, weight [N_i, K], bias [N_i] or None)] -> their outputs side by side [..., sum N_i]. One call
+        instead of three saves onnxruntime's per-call work (and, quantized, quantizing the activations
+        again). Rows are quantized per module, as unfused, so the fused weight is those rows stacked."""
         b = self.b
         sizes = [weight.shape[0] for _, weight, _ in parts]
         if self.quantization is None:
@@ -177,9 +173,11 @@ class StepGraph:
             bias = np.concatenate([np.zeros(n, np.float32) if bias is None else bias
                                    for (_, _, bias), n in zip(parts, sizes)])
             y = b.op("Add", y, b.weight(f"{name}.bias", bias))
-        if attention_input:
-            y = self.with_extra_row(y)
-        return b.op("Split", y, b.const(sizes), axis=-1, n_out=len(parts))
+        return y
+
+    def split(self, x: str, sizes: list[int]) -> list[str]:
+        """[..., sum sizes] -> one tensor per size along the last axis."""
+        return self.b.op("Split", x, self.b.const(sizes), axis=-1, n_out=len(sizes))
 
     def _quantized(self, name: str, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         codes, scales, zero_points = quantize(weight, self.quantization)
@@ -197,14 +195,15 @@ class StepGraph:
                     b.weight(f"{name}.zero_points", zero_points), domain="com.microsoft",
                     K=k, N=codes.shape[0], bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
 
-    def attention(self, layer: int, q: str, k: str, v: str, extra_row_added: bool = False) -> str:
-        """q [B, T, H*D], k/v [B, T, H_kv*D] -> context [B, T, H*D]; emits this variant's K/V outputs.
-        extra_row_added: q, k, v come from linears(..., attention_input=True)."""
-        if self.in_place:
-            if not extra_row_added:
-                q, k, v = (self.with_extra_row(x) for x in (q, k, v))
-            return self._attention_in_place(layer, q, k, v)
+    def attention(self, layer: int, qkv: str) -> str:
+        """qkv [B, T, (H + 2 H_kv)*D], the fused projection -> context [B, T, H*D]; emits this variant's K/V
+        outputs. gqa adds its extra row here, once for q, k and v."""
         b, s = self.b, self.spec
+        if self.extra_row:
+            qkv = self._with_extra_row(qkv)
+        q, k, v = self.split(qkv, [s.num_heads * s.head_dim] + [s.num_kv_heads * s.head_dim] * 2)
+        if self.in_place:
+            return self._attention_in_place(layer, q, k, v)
         q, k, v = self._heads(q, s.num_heads), self._heads(k, s.num_kv_heads), self._heads(v, s.num_kv_heads)
         if self.cos_sin:
             q, k = self._rotate(q), self._rotate(k)
@@ -245,7 +244,7 @@ class StepGraph:
         kv_shape = ["batch", s.num_kv_heads, self.kv_slots, s.head_dim]
         b.output(present_k, f"present_key.{layer}", TensorProto.FLOAT, kv_shape)
         b.output(present_v, f"present_value.{layer}", TensorProto.FLOAT, kv_shape)
-        if self.PAD_ATTENTION_ROWS:
+        if self.extra_row:
             context = b.op("Slice", context, b.const([0]), b.const([-1]), b.const([1]))   # drops the extra row
         return context                                                                    # [B, T, H*D]
 

@@ -65,8 +65,7 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     for i in range(spec.num_layers):
         p = f"transformer.h.{i}"
         qkv = conv1d(layer_norm(x, f"{p}.ln_1"), f"{p}.attn.c_attn", e, 3 * e)
-        q, k, v = b.op("Split", qkv, axis=-1, n_out=3)
-        context = graph.attention(i, q, k, v)
+        context = graph.attention(i, qkv)
         x = b.op("Add", x, conv1d(context, f"{p}.attn.c_proj", e, e))
         h = gelu(conv1d(layer_norm(x, f"{p}.ln_2"), f"{p}.mlp.c_fc", e, f))
         x = b.op("Add", x, conv1d(h, f"{p}.mlp.c_proj", f, e))

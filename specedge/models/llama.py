@@ -55,14 +55,14 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
         h = rms_norm(x, f"{p}.input_layernorm.weight")
-        q, k, v = graph.linears(h, f"{p}.self_attn.qkv_proj", [part(f"{p}.self_attn.{name}_proj", e, n, spec.qkv_bias)
-                                                             for name, n in (("q", q_out), ("k", kv_out), ("v", kv_out))],
-                                attention_input=True)
-        context = graph.attention(i, q, k, v, extra_row_added=True)
+        qkv = graph.fused_linear(h, f"{p}.self_attn.qkv_proj", [part(f"{p}.self_attn.{name}_proj", e, n, spec.qkv_bias)
+                                                                for name, n in (("q", q_out), ("k", kv_out), ("v", kv_out))])
+        context = graph.attention(i, qkv)
         x = b.op("Add", x, linear(context, f"{p}.self_attn.o_proj", q_out, e, spec.o_bias))
         h = rms_norm(x, f"{p}.post_attention_layernorm.weight")
-        gate, up = graph.linears(h, f"{p}.mlp.gate_up_proj", [part(f"{p}.mlp.{name}_proj", e, spec.intermediate_size,
-                                                                  spec.mlp_bias) for name in ("gate", "up")])
+        gate_up = graph.fused_linear(h, f"{p}.mlp.gate_up_proj", [part(f"{p}.mlp.{name}_proj", e, spec.intermediate_size,
+                                                                       spec.mlp_bias) for name in ("gate", "up")])
+        gate, up = graph.split(gate_up, [spec.intermediate_size] * 2)
         act = b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up)                  # silu(gate) * up
         x = b.op("Add", x, linear(act, f"{p}.mlp.down_proj", spec.intermediate_size, e, spec.mlp_bias))
     x = rms_norm(x, "model.norm.weight")

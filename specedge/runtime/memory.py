@@ -6,12 +6,12 @@ import resource
 import sys
 
 
-def kv_buffer_bytes(manifest: dict, role: str, max_seq_len: int | None = None) -> int:
-    """K and V buffers of every layer, [1, H_kv, slots, D] float32 each (slots: max_seq_len, + 1 for gqa v2)."""
+def kv_buffer_bytes(manifest: dict, role: str) -> int:
+    """K and V buffers of every layer, [1, H_kv, slots, D] float32 each (slots: max_seq_len, + 1 for gqa v2;
+    bundles before v2 record no slots)."""
     kv = manifest["models"][role]["kv"]
-    seq = max_seq_len or manifest["max_seq_len"]
-    seq += kv.get("slots", manifest["max_seq_len"]) - manifest["max_seq_len"]
-    return 2 * kv["num_layers"] * kv["num_kv_heads"] * seq * kv["head_dim"] * 4
+    slots = kv.get("slots", manifest["max_seq_len"])
+    return 2 * kv["num_layers"] * kv["num_kv_heads"] * slots * kv["head_dim"] * 4
 
 
 def memory_report(manifest: dict) -> dict:

@@ -38,9 +38,11 @@ def cli():
               help="Keep only the N most frequent tokens in the draft's LM head (needs --draft-vocab-from).")
 @click.option("--draft-vocab-from", type=click.Path(), default=None,
               help="Corpus for --draft-vocab: a text file, a JSONL of prompts, or a folder of source files.")
+@click.option("--quantize-embeddings", is_flag=True,
+              help="Quantize the embedding tables of quantized models too (GatherBlockQuantized).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
 def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draft_quantize, block_size,
-           accuracy_level, attention, draft_vocab, draft_vocab_from, force):
+           accuracy_level, attention, draft_vocab, draft_vocab_from, quantize_embeddings, force):
     """Export a target and a draft model into a bundle."""
     try:
         from specedge.export import export_bundle
@@ -51,7 +53,8 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
     export_bundle(target, draft, out, max_seq_len=max_seq_len, max_draft=max_draft, tolerance=tolerance,
                   force=force, progress=lambda line: click.echo(line, err=True), quantize=quantize,
                   draft_quantize=draft_quantize, block_size=block_size, accuracy_level=accuracy_level,
-                  attention=attention, draft_vocab=draft_vocab, draft_vocab_from=draft_vocab_from)
+                  attention=attention, draft_vocab=draft_vocab, draft_vocab_from=draft_vocab_from,
+                  quantize_embeddings=quantize_embeddings)
 
 
 @cli.command()
@@ -198,8 +201,8 @@ def describe(m: dict, verified: bool = False) -> str:
             f"  {role}: {model['architecture']} from {model['source']} ({model['graph_variant']})",
             f"    {spec['num_layers']} layers, hidden {spec['hidden_size']}, heads {spec['num_heads']}/"
             f"{spec['num_kv_heads']} kv, head_dim {spec['head_dim']}",
-            f"    weights {model.get('weights', 'float32')} {model['weight_bytes'] / 2**20:.1f} MiB, "
-            f"KV buffers {kv_bytes / 2**20:.1f} MiB",
+            f"    weights {model.get('weights', 'float32')} {model['weight_bytes'] / 2**20:.1f} MiB "
+            f"({_embedding_line(model)}), KV buffers {kv_bytes / 2**20:.1f} MiB",
             f"    export check: max logit error {check.get('max_abs_logit_error', float('nan')):.2e} "
             f"(tolerance {check.get('tolerance', float('nan')):.2e}), top-1 agreement "
             f"{check.get('top1_agreement', float('nan')):.3f}, verify rows bitwise equal: "
@@ -217,6 +220,12 @@ def describe(m: dict, verified: bool = False) -> str:
     lines.append(f"  memory: weights + KV buffers {total / 2**30:.2f} GiB at max_seq_len {m['max_seq_len']}")
     lines.append(f"  files: {len(m['files'])}" + (", all checksums verified" if verified else ""))
     return "\n".join(lines)
+
+
+def _embedding_line(model: dict) -> str:
+    stored = "quantized" if model.get("quantization", {}).get("embedding") else "float32"
+    size = model.get("embedding_bytes")
+    return f"embedding {stored}" + (f" {size / 2**20:.1f} MiB" if size else "")
 
 
 def main(argv=None) -> int:

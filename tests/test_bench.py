@@ -79,6 +79,8 @@ def test_bytes_per_token_skips_gather_only_embeddings():
     assert bytes_per_token({"spec": spec, "weight_bytes": 10_000}) == 10_000           # fp32 head reads it all
     assert bytes_per_token({"spec": {**spec, "tied_embeddings": False}, "weight_bytes": 10_000}) == 10_000 - embedding
     assert bytes_per_token({"spec": spec, "weight_bytes": 10_000, "weights": "int4"}) == 10_000 - embedding
+    # a quantized table: its stored size, not the fp32 size
+    assert bytes_per_token({"spec": spec, "weight_bytes": 10_000, "weights": "int4", "embedding_bytes": 500}) == 9_500
 
 
 def test_copy_bandwidth_measures_something():

@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
@@ -51,17 +52,42 @@ def test_packing_matches_matmulnbits(bits, k, block):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_accuracy_level_4_rows_do_not_depend_on_the_row_count(bits):
-    """What makes a quantized target's verify rows equal its single-step rows, bit for bit."""
+def test_accuracy_level_4_rows_do_not_depend_on_the_row_count_from_two_rows_on(bits):
+    """What makes a quantized target's verify rows equal its single steps, which run as two rows
+    (StepGraph._pad_rows): a single row may take another kernel (int4 on an AVX2 EPYC does)."""
     rng = np.random.default_rng(bits)
     w = rng.normal(size=(40, 128)).astype(np.float32)
     a = rng.normal(size=(9, 128)).astype(np.float32)
     q = Quantization(bits, 32, accuracy_level=4)
     together = _matmul_nbits(a, w, q)
-    alone = np.concatenate([_matmul_nbits(a[i:i + 1], w, q) for i in range(len(a))])
-    np.testing.assert_array_equal(together, alone)
+    for chunk in (2, 3, 4):
+        parts = np.concatenate([_matmul_nbits(a[i:i + chunk], w, q) for i in range(0, 8, chunk)])
+        np.testing.assert_array_equal(together[:len(parts)], parts)
     w_deq = dequantize(*quantize(w, q), 128, q)
     np.testing.assert_allclose(together, a @ w_deq.T, atol=0.05 * np.abs(a @ w_deq.T).max())
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k", [64, 96, 80])
+def test_gather_block_quantized_returns_our_dequantized_rows(bits, k):
+    """The quantized embedding (StepGraph.embedding): onnxruntime expands our codes to exactly the rows the
+    export check's reference gets; 96 has an odd block count, 80 a padded last block."""
+    rng = np.random.default_rng(bits + k)
+    table = rng.normal(size=(50, k)).astype(np.float32)
+    q = Quantization(bits, 32)
+    codes, scales, zero_points = quantize(table, q)
+    arrays = [("data", TensorProto.UINT8, codes.reshape(50, -1)), ("scales", TensorProto.FLOAT, scales.reshape(50, -1)),
+              ("zp", TensorProto.UINT8, zero_points.reshape(50, -1))]
+    inits = [helper.make_tensor(name, dtype, arr.shape, arr.tobytes(), raw=True) for name, dtype, arr in arrays]
+    node = helper.make_node("GatherBlockQuantized", ["data", "ids", "scales", "zp"], ["y"], domain="com.microsoft",
+                            bits=bits, block_size=32, gather_axis=0, quantize_axis=1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "t"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    ids = np.array([[3, 0, 49, 7, 3]], np.int64)
+    rows = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
+    np.testing.assert_array_equal(rows[0, :, :k], dequantize(codes, scales, zero_points, k, q)[ids[0]])
 
 
 def test_bad_quantization_options():
@@ -82,6 +108,10 @@ def quantized_bundles(workdir):
         "int4-draft": _export(workdir, "q-int4-draft", target, draft, tok, draft_quantize="int4"),
         "int4-both": _export(workdir, "q-int4-both", target, draft, tok, quantize="int4"),
         "int8-acc0": _export(workdir, "q-int8-acc0", target, draft, tok, quantize="int8", accuracy_level=0),
+        "int4-embed": _export(workdir, "q-int4-embed", target, draft, tok, quantize="int4", quantize_embeddings=True),
+        "int4-embed-untied": _export(workdir, "q-int4-embed-untied", tm.make_model("llama", TARGET_ROWS, seed=1),
+                                     tm.make_model("llama", TARGET_ROWS, seed=1), tok, draft_quantize="int4",
+                                     quantize_embeddings=True),
     }
 
 
@@ -96,7 +126,11 @@ def test_manifest_records_quantization_and_its_cost(quantized_bundles):
     draft = models["draft"]
     assert draft["weights"] == "int4"
     assert draft["quantization"] == {"scheme": "int4", "op": "com.microsoft.MatMulNBits", "bits": 4,
-                                     "block_size": 32, "accuracy_level": 4}
+                                     "block_size": 32, "accuracy_level": 4, "embedding": False}
+    assert draft["embedding_bytes"] == 4 * TARGET_ROWS * 64 == models["target"]["embedding_bytes"]
+    # only a quantized target runs its single steps as two rows (StepGraph._pad_rows)
+    assert draft["min_step_rows"] == models["target"]["min_step_rows"] == 1
+    assert _manifest(quantized_bundles["int4-both"])["models"]["target"]["min_step_rows"] == 2
     cost = draft["export_check"]["vs_source"]
     assert cost["prompts"] >= 3 and cost["positions"] > 20
     assert 0.3 < cost["top1_agreement"] <= 1.0      # a tiny random model: flat logits and cost["max_abs_logit_error"] > 0
@@ -118,7 +152,36 @@ def test_quantized_target_rows_are_bitwise_equal(quantized_bundles):
     assert check["verify_rows_bitwise_equal"] is True
 
 
-@pytest.mark.parametrize("name", ["int4-draft", "int4-both", "int8-acc0"])
+@pytest.mark.parametrize("name", ["int4-embed", "int4-embed-untied"])
+def test_quantized_embeddings(quantized_bundles, name):
+    """Tied (qwen2) and untied (llama) tables as GatherBlockQuantized: an eighth of the fp32 table plus scales,
+    checked against the reference with the same dequantized table, verify rows still bitwise exact; an fp32
+    model in the same bundle keeps its fp32 table."""
+    models = _manifest(quantized_bundles[name])["models"]
+    fp32_table = 4 * TARGET_ROWS * 64
+    for role, entry in models.items():
+        if entry["weights"] == "float32":
+            assert entry["embedding_bytes"] == fp32_table and "quantization" not in entry
+            continue
+        assert entry["quantization"]["embedding"] is True
+        assert entry["embedding_bytes"] < 0.2 * fp32_table
+        check = entry["export_check"]
+        assert check["max_abs_logit_error"] <= check["tolerance"]
+        assert check["verify_rows_bitwise_equal"] or role == "draft"       # only a target's single steps are padded
+        assert check["vs_source"]["top1_agreement"] > 0.3
+        graph = onnx.load(quantized_bundles[name] / entry["file"], load_external_data=False)
+        assert {n.op_type for n in graph.graph.node} >= {"GatherBlockQuantized"}
+        assert "Gather" not in {n.op_type for n in graph.graph.node}
+
+
+def test_quantize_embeddings_needs_a_quantized_model(workdir):
+    model = tm.make_model("qwen2", TARGET_ROWS, seed=1)
+    with pytest.raises(ExportError, match="--quantize-embeddings needs"):
+        _export(workdir, "q-embed-fp32", model, None, tm.byte_tokenizer(), quantize_embeddings=True)
+    assert not (workdir / "q-embed-fp32").exists()
+
+
+@pytest.mark.parametrize("name", ["int4-draft", "int4-both", "int8-acc0", "int4-embed", "int4-embed-untied"])
 @pytest.mark.parametrize("k", [2, 4, 8])
 def test_quantized_greedy_equals_target_greedy(quantized_bundles, name, k):
     gen = load(quantized_bundles[name])

@@ -44,9 +44,10 @@ def copy_bandwidth(nbytes: int = 512 << 20, repeats: int = 5, threads: int | Non
 
 
 def bytes_per_token(model: dict) -> int:
-    """Weight bytes one plain decode step reads: all weights but the rows of a gather-only embedding."""
+    """Weight bytes one plain decode step reads: all weights but the rows of a gather-only embedding
+    (embedding_bytes: its size as stored; older manifests lack it and hold an fp32 table)."""
     spec = model["spec"]
-    embedding = spec["vocab_size"] * spec["hidden_size"] * 4
+    embedding = model.get("embedding_bytes") or spec["vocab_size"] * spec["hidden_size"] * 4
     gather_only = not spec["tied_embeddings"] or model.get("weights", "float32") != "float32"
     return model["weight_bytes"] - (embedding if gather_only else 0)
 

@@ -88,7 +88,8 @@ def load_dequantized(torch_model, quantized: dict, quantization, vocab_size: int
     """Replaces the model's quantized weights by their dequantized values, in place.
 
     quantized: module name -> (codes, scales, zero points, K) as written into the graph. A tied LM
-    head is untied first: the graph's embedding stays fp32. head_rows: the token ids of a lighter
+    head is untied first, as the graph's embedding may stay fp32; a quantized embedding (its first
+    vocab_size rows) is written into the module in place. head_rows: the token ids of a lighter
     head's rows (the graph quantized only those; the check compares only their columns).
     """
     import torch
@@ -103,6 +104,8 @@ def load_dequantized(torch_model, quantized: dict, quantization, vocab_size: int
                 full = module.weight.detach().clone().float()
                 full[torch.as_tensor(head_rows) if head_rows is not None else slice(0, vocab_size)] = weight
                 module.weight = torch.nn.Parameter(full)
+            elif isinstance(module, torch.nn.Embedding):
+                module.weight[: weight.shape[0]].copy_(weight)
             else:
                 module.weight.copy_(weight.T if conv1d else weight)
 

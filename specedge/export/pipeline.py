@@ -54,10 +54,11 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
                   tolerance: float | None = None, force: bool = False, progress=print,
                   quantize: str | None = None, draft_quantize: str | None = None, block_size: int = 32,
                   accuracy_level: int = 4, attention: str = DEFAULT_ATTENTION, draft_vocab: int | None = None,
-                  draft_vocab_from: str | None = None) -> Path:
+                  draft_vocab_from: str | None = None, quantize_embeddings: bool = False) -> Path:
     """quantize: "none" | "int4" | "int8" for the target, and the draft unless draft_quantize says otherwise;
     attention: "gqa" (in place, valid length only) | "scatter" (see step_graph.py); draft_vocab: N tokens
-    for the draft's LM head, the most frequent in the corpus draft_vocab_from (see draft_vocab.py)."""
+    for the draft's LM head, the most frequent in the corpus draft_vocab_from (see draft_vocab.py);
+    quantize_embeddings: the embedding tables of quantized models too (see StepGraph.embedding)."""
     out = Path(out).expanduser().absolute()
     if attention not in ATTENTION_VARIANTS:
         raise ExportError(f"--attention must be one of {', '.join(ATTENTION_VARIANTS)}, got '{attention}'")
@@ -68,6 +69,8 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
     _validate(out, max_seq_len, max_draft, force)
     quantizations = {"target": parse_quantization(quantize, block_size, accuracy_level),
                      "draft": parse_quantization(draft_quantize or quantize, block_size, accuracy_level)}
+    if quantize_embeddings and not any(quantizations.values()):
+        raise ExportError("--quantize-embeddings needs --quantize or --draft-quantize (int4 or int8)")
     say = Progress(progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
@@ -90,7 +93,7 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
             if role == "draft" and counts is not None:
                 head = _draft_head(counts, draft_vocab, vocab_size, eos_ids, draft_vocab_from, work, say)
             models[role], ids = _export_model(role, source, work, vocab_size, max_seq_len, tolerance, say,
-                                              quantizations[role], prompts, attention, head)
+                                              quantizations[role], prompts, attention, head, quantize_embeddings)
             eos_ids += [i for i in ids if i not in eos_ids and i < vocab_size]
         if not eos_ids:
             raise ExportError("the source models name no end-of-sequence token")
@@ -162,7 +165,8 @@ def _draft_head(counts, size: int, vocab_size: int, eos_ids: list[int], corpus: 
 
 def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_seq_len: int,
                   tolerance: float | None, say, quantization: Quantization | None,
-                  prompts: list[list[int]], attention: str, head: dict | None = None) -> tuple[dict, list[int]]:
+                  prompts: list[list[int]], attention: str, head: dict | None = None,
+                  quantize_embedding: bool = False) -> tuple[dict, list[int]]:
     cfg = source.config
     architecture, family = architecture_of(cfg)
     spec = family.spec_from_config(cfg, architecture)
@@ -183,7 +187,9 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     weights_kind = quantization.name if quantization else "float32"
     say(f"{role}: writing step graph ({weights_kind} weights)")
     head_rows = head["rows"] if head else None
-    graph = StepGraph(builder, spec, max_seq_len, quantization, attention, head_rows)
+    # a quantized target's single steps run as two rows, as its verify calls do (see StepGraph._pad_rows)
+    pad_rows = role == "target" and quantization is not None
+    graph = StepGraph(builder, spec, max_seq_len, quantization, attention, head_rows, quantize_embedding, pad_rows)
     family.build(graph, spec, weights)
     weights.finish()
     builder.save()
@@ -192,7 +198,8 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
         "file": path.name, "architecture": architecture, "source": source.description,
         "source_kind": source.kind, "graph_variant": ATTENTION_VARIANTS[attention],
         "spec": spec.to_json(), "io": io_names(spec.num_layers, attention), "weights": weights_kind,
-        "weight_bytes": builder.weight_bytes,
+        "min_step_rows": 2 if pad_rows else 1,
+        "weight_bytes": builder.weight_bytes, "embedding_bytes": graph.embedding_bytes,
         "kv": {"num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                "dtype": "float32", "slots": graph.kv_slots},
     }
@@ -201,7 +208,7 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     ids = random_ids(vocab_size)
     quality = None
     if quantization is not None:
-        entry["quantization"] = quantization.to_json()
+        entry["quantization"] = {**quantization.to_json(), "embedding": graph.quantize_embedding}
     if quantization is not None or head:                       # the graph deliberately differs from its source
         lighter = " ".join(filter(None, [quantization and weights_kind, head and f"{len(head_rows)}-token head"]))
         say(f"{role}: measuring the {lighter} graph against the source model on {len(prompts)} prompts")
@@ -225,8 +232,8 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
         raise ExportError(f"{role}: exported graph differs from transformers by {check['max_abs_logit_error']:.3g} "
                           f"(tolerance {limit:.3g}); nothing was written")
     if role == "target" and not check["verify_rows_bitwise_equal"]:
-        say("target: warning: verify rows differ from single steps in the last bits; greedy speculative output "
-            "may differ from target-only output at near-ties (use --accuracy-level 4 for quantized targets)")
+        say("target: warning: on this CPU the target's verify rows differ from its single steps in the last bits; "
+            "greedy speculative output may differ from target-only output at near-ties")
     if quality is not None:
         check["vs_source"] = quality
     entry["export_check"] = check

@@ -53,10 +53,14 @@ class StepGraph:
 
     def __init__(self, builder: GraphBuilder, spec: ModelSpec, max_seq_len: int,
                  quantization: Quantization | None = None, attention: str = "scatter",
-                 head_rows: np.ndarray | None = None):
-        """head_rows: token ids the LM head keeps (a lighter draft head, see draft_vocab.py); None = all."""
+                 head_rows: np.ndarray | None = None, quantize_embedding: bool = False, pad_rows: bool = False):
+        """head_rows: token ids the LM head keeps (a lighter draft head, see draft_vocab.py); None = all.
+        quantize_embedding: the embedding table too, gathered by GatherBlockQuantized (needs quantization).
+        pad_rows: the whole step runs on at least two rows (see _pad_rows): for quantized targets."""
         self.b, self.spec, self.max_seq_len, self.quantization = builder, spec, max_seq_len, quantization
-        self.head_rows = head_rows
+        self.head_rows, self.pad_rows = head_rows, pad_rows
+        self.quantize_embedding = quantize_embedding and quantization is not None
+        self.embedding_bytes = 0
         self.in_place = attention == "gqa"
         self.quantized: dict[str, tuple] = {}          # module name -> (codes, scales, zero points, K), for the check
         # Attention runs as one matrix product per kv head with R*T query rows. MLAS takes a different
@@ -64,12 +68,14 @@ class StepGraph:
         # R = the GQA group size, or 2 (the query rows duplicated) for plain multi-head attention.
         self.groups = spec.num_heads // spec.num_kv_heads
         self.query_rows = max(self.groups, 2)
-        self.extra_row = self.in_place and self.PAD_ATTENTION_ROWS
-        self.kv_slots = max_seq_len + (1 if self.extra_row else 0)
+        self.extra_row = self.in_place and self.PAD_ATTENTION_ROWS and not pad_rows
+        self.kv_slots = max_seq_len + (1 if self.in_place and (self.extra_row or pad_rows) else 0)
         b, kv_shape = builder, ["batch", spec.num_kv_heads, self.kv_slots, spec.head_dim]
         self.input_ids = b.input("input_ids", TensorProto.INT64, ["batch", "step"])
         self.position_ids = b.input("position_ids", TensorProto.INT64, ["batch", "step"])
         self.num_logits = b.input("num_logits", TensorProto.INT64, [1])
+        self.step_rows = b.op("Slice", b.op("Shape", self.input_ids), b.const([1]), b.const([2]))   # [1]: T
+        self.ids, self.positions = self._pad_rows() if pad_rows else (self.input_ids, self.position_ids)
         self.past = [(b.input(f"past_key.{i}", TensorProto.FLOAT, kv_shape),
                       b.input(f"past_value.{i}", TensorProto.FLOAT, kv_shape))
                      for i in range(spec.num_layers)]
@@ -86,8 +92,30 @@ class StepGraph:
         self.scale = b.const(np.float32(1.0 / np.sqrt(spec.head_dim)), np.float32, "attn_scale")
         self.masked = b.const(np.float32(np.finfo(np.float32).min), np.float32, "masked")
 
+    def _pad_rows(self) -> tuple[str, str]:
+        """input_ids, position_ids [B, T] -> [B, max(T, 2)]: a single step gets a copy of its token as a second
+        row. MatMulNBits takes another kernel for one row, whose results differ in the last bits (measured on
+        an AVX2 EPYC; not on an AVX-512 Xeon), so a quantized target's single steps must not be single rows
+        for verify rows to equal them. The copy sits at the next position (gqa: the headroom slot or one
+        beyond the committed length, never read before it is rewritten) or, for scatter, at the same
+        position, where it writes the same K/V again; its outputs are dropped."""
+        b = self.b
+        rows = self.padded_rows = b.op("Max", self.step_rows, b.const([2]))                # [1]: max(T, 2)
+
+        def padded(x: str, tail: str) -> str:
+            return b.op("Slice", b.op("Concat", x, tail, axis=1), b.const([0]), rows, b.const([1]))
+
+        last_id = b.op("Slice", self.input_ids, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1]))
+        last_pos = b.op("Slice", self.position_ids, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1]))
+        next_pos = b.op("Add", last_pos, b.const([[1]])) if self.in_place else last_pos
+        return padded(self.input_ids, last_id), padded(self.position_ids, next_pos)
+
+    def _unpadded(self, x: str, axis: int) -> str:
+        """The first T rows of x along axis (drops _pad_rows' copy)."""
+        return self.b.op("Slice", x, self.b.const([0]), self.step_rows, self.b.const([axis])) if self.pad_rows else x
+
     def _visibility(self) -> str:
-        b, pos = self.b, self.position_ids
+        b, pos = self.b, self.positions
         slots = b.const(np.arange(self.max_seq_len).reshape(1, 1, -1), hint="slots")      # [1, 1, S]
         visible = b.op("LessOrEqual", slots, b.op("Unsqueeze", pos, b.const([2])))      # [B, T, S]
         self.scatter_index = b.op("Unsqueeze", pos, b.const([1, 3]))                      # [B, 1, T, 1]
@@ -99,8 +127,8 @@ class StepGraph:
         two rows on. The extra row is a copy of the last, at the position after it: its K/V land in the
         headroom slot or in a slot beyond the committed length, which is never read before it is rewritten.
         Sets the attention's positions [B, T + 1] and GroupQueryAttention's lengths (seqlens_k int32 [B]: the
-        index of the last row, total int32 [])."""
-        b, pos = self.b, self.position_ids
+        index of the last row, total int32 []). With pad_rows the step has two rows or more already."""
+        b, pos = self.b, self.positions
         last = b.op("Slice", pos, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1]))   # [B, 1]
         if self.extra_row:
             last = b.op("Add", last, b.const([[1]]))
@@ -120,7 +148,7 @@ class StepGraph:
     def _rope_tables(self) -> tuple[str, str]:
         b = self.b
         inv_freq = b.weight("rope.inv_freq", rope_inv_freq(self.spec.rope, self.spec.head_dim).reshape(1, 1, -1))
-        pos = b.op("Unsqueeze", b.op("Cast", self.position_ids, to=TensorProto.FLOAT), b.const([2]))  # [B, T, 1]
+        pos = b.op("Unsqueeze", b.op("Cast", self.positions, to=TensorProto.FLOAT), b.const([2]))  # [B, T, 1]
         freqs = b.op("Mul", pos, inv_freq)                                                # [B, T, D/2]
         axis = b.const([1])
         return b.op("Unsqueeze", b.op("Cos", freqs), axis), b.op("Unsqueeze", b.op("Sin", freqs), axis)  # [B, 1, T, D/2]
@@ -145,6 +173,31 @@ class StepGraph:
         """[B, T, n*D] -> [B, n, T, D]"""
         b = self.b
         return b.op("Transpose", b.op("Reshape", x, b.const([0, 0, n_heads, self.spec.head_dim])), perm=[0, 2, 1, 3])
+
+    def embedding(self, name: str, rows: np.ndarray, ids: str) -> tuple[str, str | None]:
+        """rows [V, E] gathered at ids [B, T] -> ([B, T, E], the fp32 table's initializer name or None).
+
+        Quantized, the table is MatMulNBits-style codes (two int4 codes a byte, row after row) that
+        GatherBlockQuantized expands per gathered row: a decode step reads one row either way, but the
+        weights in memory shrink by the table's 7/8 (int4). Its rows are the module's dequantized values,
+        what the export check's reference model gets too."""
+        b = self.b
+        module = name.removesuffix(".weight")
+        if not self.quantize_embedding:
+            table = b.weight(name, rows)
+            self.embedding_bytes = rows.nbytes
+            return b.op("Gather", table, ids), table
+        q = self.quantization
+        codes, scales, zero_points = self._quantized(module, rows)
+        n, e = rows.shape
+        arrays = [codes.reshape(n, -1), scales.reshape(n, -1), zero_points.reshape(n, -1)]
+        data, scale, zp = (b.weight(f"{name}.{part}", a) for part, a in zip((q.name, "scales", "zero_points"), arrays))
+        self.embedding_bytes = sum(a.nbytes for a in arrays)
+        x = b.op("GatherBlockQuantized", data, ids, scale, zp, domain="com.microsoft", bits=q.bits,
+                 block_size=q.block_size, gather_axis=0, quantize_axis=1)                 # [B, T, blocks*block]
+        if e % q.block_size:
+            x = b.op("Slice", x, b.const([0]), b.const([e]), b.const([-1]))              # the last block's padding
+        return x, None
 
     def linear(self, x: str, name: str, weight: np.ndarray, bias: np.ndarray | None = None) -> str:
         """x [..., K] @ weight^T (+ bias), weight [N, K] in HF's (out, in) layout."""
@@ -208,8 +261,8 @@ class StepGraph:
         if self.cos_sin:
             q, k = self._rotate(q), self._rotate(k)
         kv_out = ["batch", s.num_kv_heads, "step", s.head_dim]
-        b.output(k, f"key.{layer}", TensorProto.FLOAT, kv_out)
-        b.output(v, f"value.{layer}", TensorProto.FLOAT, kv_out)
+        b.output(self._unpadded(k, 2), f"key.{layer}", TensorProto.FLOAT, kv_out)
+        b.output(self._unpadded(v, 2), f"value.{layer}", TensorProto.FLOAT, kv_out)
         past_k, past_v = self.past[layer]
         index = b.op("Expand", self.scatter_index, b.op("Shape", k))                      # [B, Hkv, T, D]
         keys = b.op("ScatterElements", past_k, index, k, axis=2)                          # [B, Hkv, S, D]
@@ -257,6 +310,8 @@ class StepGraph:
         if self.head_rows is not None:
             head, tied_embedding = head[self.head_rows], None
         b, v = self.b, head.shape[0]
+        if self.pad_rows:
+            return self._padded_logits(hidden, head)
         last = b.op("Slice", hidden, b.op("Neg", self.num_logits), b.const([np.iinfo(np.int64).max]), b.const([1]))
         if self.quantization is not None:
             logits = self._matmul_nbits(last, "lm_head", head)                           # [B, n, V]
@@ -268,6 +323,19 @@ class StepGraph:
                          b.const([v]), axis=0)
             logits = b.op("Reshape", logits, shape)
         b.output(logits, "logits", TensorProto.FLOAT, ["batch", "logit_rows", v])
+
+
+    def _padded_logits(self, hidden: str, head: np.ndarray) -> None:
+        """hidden [B, T', E] with T' = max(T, 2) rows (_pad_rows) -> logits of the last n real rows. The head
+        (quantized: padding is for quantized targets) also gets m = max(n, 2) rows, the last m of hidden,
+        so that one logit row is computed as two, like a verify call's; then the pad rows are dropped."""
+        b, one = self.b, self.b.const([1])
+        m = b.op("Max", self.num_logits, b.const([2]))
+        rows = b.op("Slice", hidden, b.op("Sub", self.padded_rows, m), self.padded_rows, one)   # [B, m, E]
+        logits = self._matmul_nbits(rows, "lm_head", head)                               # [B, m, V]
+        end = b.op("Sub", m, b.op("Sub", self.padded_rows, self.step_rows))              # m - pad rows
+        logits = b.op("Slice", logits, b.op("Sub", end, self.num_logits), end, one)      # [B, n, V]
+        b.output(logits, "logits", TensorProto.FLOAT, ["batch", "logit_rows", head.shape[0]])
 
 
 def io_names(num_layers: int, attention: str = "scatter") -> dict:

@@ -59,9 +59,9 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         return b.op("Mul", b.op("Mul", x, half), b.op("Add", inner, one))
 
     wte_rows = weights.take("transformer.wte.weight", (spec.vocab_rows, e))[: spec.vocab_size]
-    wte = b.weight("transformer.wte.weight", wte_rows)
+    tokens, wte = graph.embedding("transformer.wte.weight", wte_rows, graph.ids)
     wpe = b.weight("transformer.wpe.weight", weights.take("transformer.wpe.weight", (spec.max_position_embeddings, e)))
-    x = b.op("Add", b.op("Gather", wte, graph.input_ids), b.op("Gather", wpe, graph.position_ids))  # [B, T, E]
+    x = b.op("Add", tokens, b.op("Gather", wpe, graph.positions))                     # [B, T, E]
     for i in range(spec.num_layers):
         p = f"transformer.h.{i}"
         qkv = conv1d(layer_norm(x, f"{p}.ln_1"), f"{p}.attn.c_attn", e, 3 * e)

@@ -50,8 +50,7 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         return b.op("Mul", b.op("Div", x, b.op("Sqrt", b.op("Add", variance, eps))), w)
 
     embed_rows = weights.take("model.embed_tokens.weight", (spec.vocab_rows, e))[: spec.vocab_size]
-    embed = b.weight("model.embed_tokens.weight", embed_rows)
-    x = b.op("Gather", embed, graph.input_ids)                                             # [B, T, E]
+    x, embed = graph.embedding("model.embed_tokens.weight", embed_rows, graph.ids)    # [B, T, E]
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
         h = rms_norm(x, f"{p}.input_layernorm.weight")

@@ -8,6 +8,7 @@ import pytest
 import tiny_models as tm
 from conftest import TARGET_ROWS, _export
 from specedge.runtime import load
+from specedge.runtime.row_check import bundle_rows_bitwise_equal
 from specedge.runtime.step_model import StepModel
 
 
@@ -88,6 +89,9 @@ def test_in_place_attention_needs_its_extra_row(workdir, monkeypatch):
     rows, singles = _rows_and_singles(bundle)
     assert not np.array_equal(rows, singles)
     assert np.abs(rows - singles).max() < 1e-4
+    # and the check that `inspect --verify` runs where a bundle is used catches it
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert bundle_rows_bitwise_equal(bundle, manifest) is False
 
 
 def test_single_token_at_position_zero(arch_bundles):

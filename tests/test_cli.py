@@ -34,8 +34,13 @@ def test_inspect(cli_bundle):
     out = specedge("inspect", str(cli_bundle), "--verify").stdout
     assert "LlamaForCausalLM" in out and "max_draft 6" in out and "checksums verified" in out
     assert "memory: weights + KV buffers" in out and "verify rows bitwise equal: yes" in out
+    assert "verify rows bitwise equal to single steps on this machine: yes" in out
+    assert "embedding float32" in out
     manifest = json.loads(specedge("inspect", str(cli_bundle), "--json").stdout)
     assert manifest["format_version"] == 1 and set(manifest["models"]) == {"target", "draft"}
+    assert "verify_rows_bitwise_equal_here" not in manifest
+    checked = json.loads(specedge("inspect", str(cli_bundle), "--json", "--verify").stdout)
+    assert checked["verify_rows_bitwise_equal_here"] is True
 
 
 def test_generate_json_and_baseline(cli_bundle):
@@ -75,10 +80,11 @@ def test_quantized_export_and_inspect(tmp_path):
     tm.save(tm.perturbed(target, seed=12, noise=0.01), tok, tmp_path / "draft")
     proc = specedge("export", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
                     "--out", str(tmp_path / "bundle"), "--max-seq-len", "64", "--draft-quantize", "int8",
-                    "--block-size", "16")
+                    "--block-size", "16", "--quantize-embeddings")
     assert "draft: writing step graph (int8 weights)" in proc.stderr and "top-1 agreement" in proc.stderr
     out = specedge("inspect", str(tmp_path / "bundle")).stdout
     assert "weights float32" in out and "weights int8" in out and "vs source model: top-1 agreement" in out
+    assert "embedding float32" in out and "embedding quantized" in out
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
     assert manifest["models"]["draft"]["quantization"]["block_size"] == 16
     base = json.loads(specedge("generate", str(tmp_path / "bundle"), "--prompt", "ab", "--max-new-tokens", "30",

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
+from specedge.runtime.row_check import verify_rows_bitwise_equal
 from specedge.runtime.step_model import StepModel
 
 # (prefill chunk, then step sizes): a verify-sized step and single-token draft steps
 CHECK_STEPS = (7, 5, 1, 3, 1)
 PROMPT_TOKENS = 48                    # per check prompt, teacher-forced
-ROWS_CHECK = (7, 4)                   # prefix, then a verify-sized step replayed one token at a time
 
 
 def reference_logits(torch_model, ids: list[int], vocab_size: int) -> np.ndarray:
@@ -47,20 +47,8 @@ def check_graph(onnx_path: Path, model_entry: dict, reference: np.ndarray, ids: 
     return {"steps": list(CHECK_STEPS), "max_abs_logit_error": float(np.abs(ours - reference).max()),
             "max_abs_logit": float(np.abs(reference).max()),
             "top1_agreement": float((ours.argmax(-1) == reference.argmax(-1)).mean()),
-            "verify_rows_bitwise_equal": _rows_bitwise_equal(step, ids),
+            "verify_rows_bitwise_equal": verify_rows_bitwise_equal(step, ids),
             "reference": f"transformers {_transformers_version()}{reference_name}"}
-
-
-def _rows_bitwise_equal(step: StepModel, ids: list[int]) -> bool:
-    """A verify call's rows must equal the rows of the same tokens fed one by one, bit for bit:
-    otherwise a near-tie could go differently in speculative and target-only greedy decoding."""
-    prefix, n = ROWS_CHECK
-    step.pos = 0
-    step.feed(ids[:prefix])
-    together = step.feed(ids[prefix: prefix + n]).copy()
-    step.pos = prefix
-    alone = np.concatenate([step.feed([t]).copy() for t in ids[prefix: prefix + n]])
-    return bool(np.array_equal(together, alone))
 
 
 def prompt_agreement(onnx_path: Path, model_entry: dict, torch_model, prompts: list[list[int]], vocab_size: int,

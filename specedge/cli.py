@@ -151,19 +151,19 @@ def inspect(bundle, verify, as_json):
     from specedge.runtime.manifest import read_manifest
 
     manifest = read_manifest(bundle, verify_hashes=verify)
-    rows_equal = None
+    rows_equal = min_rows = None
     if verify:
         from specedge.runtime.row_check import bundle_rows_bitwise_equal
-        rows_equal = bundle_rows_bitwise_equal(Path(bundle), manifest)
+        rows_equal, min_rows = bundle_rows_bitwise_equal(Path(bundle), manifest)
     if as_json:
-        click.echo(json.dumps({**manifest, "verify_rows_bitwise_equal_here": rows_equal} if verify else manifest,
-                              indent=2))
+        here = {"verify_rows_bitwise_equal_here": rows_equal, "target_min_rows_here": min_rows}
+        click.echo(json.dumps({**manifest, **here} if verify else manifest, indent=2))
         return
     click.echo(describe(manifest, verified=verify))
     if verify:
         click.echo("  target verify rows bitwise equal to single steps on this machine: " +
-                   ("yes" if rows_equal else "NO (greedy speculative output may differ from target-only "
-                    "output at near-ties)"))
+                   (f"yes (single steps as {min_rows} row{'s' if min_rows > 1 else ''})" if rows_equal else
+                    "NO (greedy speculative output may differ from target-only output at near-ties)"))
 
 
 def _check_sampling(max_new_tokens, temperature, top_k, top_p, k, threads):

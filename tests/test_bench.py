@@ -64,13 +64,28 @@ def _check_bandwidth_and_prediction(results, target_entry):
         return (sum(s["new_tokens"] - 1 for s in stats) / calls, sum(s["drafted_tokens"] for s in stats) / calls,
                 sum(s["time_s"]["draft"] for s in stats) / draft_calls if draft_calls else 0.0,
                 sum(s["time_s"]["verify"] for s in stats) / calls)
+    def predicted_tok_per_s(name, step_cost):
+        stats = [r["stats"] for r in policies[name]["requests"]]
+        seconds = sum(s["time_s"]["prefill"] for s in stats) + sum(s["target_calls"] for s in stats) * step_cost
+        return sum(s["new_tokens"] for s in stats) / seconds
     plain = costs("target")[3]
     assert policies["target"]["predicted_speedup"] == pytest.approx(1.0)
     tokens, drafts, draft_cost, verify_cost = costs("fixed:2")
     assert tokens > 1.5 and drafts == pytest.approx(2.0)
-    predicted = tokens * plain / (drafts * draft_cost + verify_cost)
+    predicted = predicted_tok_per_s("fixed:2", drafts * draft_cost + verify_cost) / predicted_tok_per_s("target", plain)
     assert policies["fixed:2"]["predicted_speedup"] == pytest.approx(predicted)
     assert policies["fixed:2"]["measured_vs_predicted"] == pytest.approx(policies["fixed:2"]["speedup"] / predicted)
+
+
+def test_bandwidth_probe_stays_out_of_the_peak_rss():
+    """bench reports the run's peak RSS; the probe's buffers (here 2 x 128 MiB) live in a child process."""
+    from specedge.bench.bandwidth import copy_bandwidth_in_child
+    from specedge.runtime.memory import peak_rss_bytes
+
+    before = peak_rss_bytes()
+    bw = copy_bandwidth_in_child(nbytes=128 << 20, repeats=2)
+    assert bw["bytes"] == 128 << 20 and bw["best"] >= bw["median"] > 0 and bw["read_best"] > 0
+    assert peak_rss_bytes() - before < 64 << 20
 
 
 def test_bytes_per_token_skips_gather_only_embeddings():

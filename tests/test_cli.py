@@ -34,13 +34,13 @@ def test_inspect(cli_bundle):
     out = specedge("inspect", str(cli_bundle), "--verify").stdout
     assert "LlamaForCausalLM" in out and "max_draft 6" in out and "checksums verified" in out
     assert "memory: weights + KV buffers" in out and "verify rows bitwise equal: yes" in out
-    assert "verify rows bitwise equal to single steps on this machine: yes" in out
+    assert "verify rows bitwise equal to single steps on this machine: yes (single steps as 1 row)" in out
     assert "embedding float32" in out
     manifest = json.loads(specedge("inspect", str(cli_bundle), "--json").stdout)
     assert manifest["format_version"] == 1 and set(manifest["models"]) == {"target", "draft"}
     assert "verify_rows_bitwise_equal_here" not in manifest
     checked = json.loads(specedge("inspect", str(cli_bundle), "--json", "--verify").stdout)
-    assert checked["verify_rows_bitwise_equal_here"] is True
+    assert checked["verify_rows_bitwise_equal_here"] is True and checked["target_min_rows_here"] == 1
 
 
 def test_generate_json_and_baseline(cli_bundle):

@@ -43,6 +43,15 @@ def copy_bandwidth(nbytes: int = 512 << 20, repeats: int = 5, threads: int | Non
             "read_median": reads[len(reads) // 2], "threads": threads, "bytes": src.nbytes}
 
 
+def copy_bandwidth_in_child(**kwargs) -> dict:
+    """copy_bandwidth in a fresh child process, so that its two buffers (1 GiB by default) stay out of the
+    peak resident memory that bench reports for the run."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(copy_bandwidth, kwds=kwargs)
+
+
 def bytes_per_token(model: dict) -> int:
     """Weight bytes one plain decode step reads: all weights but the rows of a gather-only embedding
     (embedding_bytes: its size as stored; older manifests lack it and hold an fp32 table)."""

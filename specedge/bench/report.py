@@ -36,7 +36,9 @@ def table(results: dict) -> str:
         lines.append(line)
     cpu = results.get("machine", {}).get("cpu")
     if cpu:
-        lines.append(f"cpu: {cpu}, {results['machine']['cpus']} logical cpus")
+        rows = results["machine"].get("target_min_rows", 1)
+        lines.append(f"cpu: {cpu}, {results['machine']['cpus']} logical cpus"
+                     + (", target single steps as 2 rows (exact rows on this cpu)" if rows > 1 else ""))
     lines.append("")
     lines.append("top rejected draft tokens (position: draft -> target wanted, count)")
     for name, p in results["policies"].items():

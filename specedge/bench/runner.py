@@ -9,7 +9,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from specedge.bench.bandwidth import bandwidth_bound, copy_bandwidth
+from specedge.bench.bandwidth import bandwidth_bound, copy_bandwidth_in_child
 from specedge.errors import OptionError
 from specedge.runtime.memory import memory_report, peak_rss_bytes
 
@@ -55,7 +55,7 @@ def run_bench(gen, prompts: list[dict], policies: list[str], max_new_tokens: int
     for spec in policies:
         gen._options({"policy": spec})                         # validates every name before any work
     base = dict(max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=True)
-    bandwidth = [copy_bandwidth()]
+    bandwidth = [copy_bandwidth_in_child()]
     for spec in policies:                                      # warm-up, excluded
         gen.generate(prompts[0]["prompt"], **{**base, "max_new_tokens": 8}, policy=spec, seed=seed)
     runs = {spec: [[None] * len(prompts) for _ in range(repeat)] for spec in policies}
@@ -69,7 +69,7 @@ def run_bench(gen, prompts: list[dict], policies: list[str], max_new_tokens: int
                 done += 1
                 if progress:
                     progress(done, total, f"repeat {r + 1}/{repeat}, prompt {i + 1}/{len(prompts)}, {spec}")
-    bandwidth.append(copy_bandwidth())                         # before and after: drift shows, the best counts
+    bandwidth.append(copy_bandwidth_in_child())                # before and after: drift shows, the best counts
     greedy = temperature == 0.0
     results = {spec: _aggregate(gen, spec, runs[spec], runs["target"], greedy) for spec in policies}
     target = results["target"]
@@ -90,13 +90,18 @@ def run_bench(gen, prompts: list[dict], policies: list[str], max_new_tokens: int
 
 
 def _predicted_speedup(entry: dict, target: dict) -> float | None:
-    """Speculation's textbook speedup from this run's own numbers: tokens per decode step times the cost of
-    a plain target step, over a step's cost (k drafts + one verify call). Host work, prefill and the
-    draft's prefill are not in it, so measured / predicted shows what the loop loses beyond the models."""
+    """Speculation's speedup as the models' costs predict it, from this run's own numbers: a decode step
+    costs k drafts + one verify call at the policy's mean costs, a target-only step one plain call, and
+    each run's prefill (of both models, for speculation) costs what it measured. Host work outside the
+    model calls is not in it, so measured / predicted shows what the loop loses beyond the models."""
+    def predicted_tok_per_s(e: dict, step_cost: float) -> float:
+        seconds = e["prefill_s"] + e["decode_steps"] * step_cost
+        return e["new_tokens"] / seconds if seconds else 0.0
+
     costs = entry["step_costs"]
     step = costs["draft_per_call"] * costs["drafts_per_step"] + costs["verify_per_call"]
-    plain = target["step_costs"]["verify_per_call"]
-    return costs["tokens_per_step"] * plain / step if step and plain else None
+    plain = predicted_tok_per_s(target, target["step_costs"]["verify_per_call"])
+    return predicted_tok_per_s(entry, step) / plain if step and plain else None
 
 
 def _aggregate(gen, spec: str, runs, target_runs, greedy: bool) -> dict:
@@ -130,6 +135,7 @@ def _aggregate(gen, spec: str, runs, target_runs, greedy: bool) -> dict:
     return {
         "tok_per_s": statistics.median(per_repeat), "tok_per_s_per_repeat": per_repeat,
         "decode_tok_per_s": decode_tokens / decode_s if decode_s else 0.0,
+        "new_tokens": n_tokens, "decode_steps": n_calls, "prefill_s": split["prefill"],
         "step_costs": {"tokens_per_step": decode_tokens / n_calls if n_calls else 0.0,
                        "drafts_per_step": sum(s.n_drafted for s in stats) / n_calls if n_calls else 0.0,
                        "draft_per_call": split["draft"] / n_draft_calls if n_draft_calls else 0.0,
@@ -177,6 +183,7 @@ def machine_info(gen) -> dict:
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu": cpu_description(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "onnxruntime": __import__("onnxruntime").__version__,
+            "target_min_rows": gen.target_min_rows,            # single target steps run as this many rows
             "peak_rss_bytes": peak_rss_bytes()}
 
 

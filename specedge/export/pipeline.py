@@ -187,7 +187,7 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     weights_kind = quantization.name if quantization else "float32"
     say(f"{role}: writing step graph ({weights_kind} weights)")
     head_rows = head["rows"] if head else None
-    # a quantized target's single steps run as two rows, as its verify calls do (see StepGraph._pad_rows)
+    # a quantized target's single steps can run as two rows, as its verify calls do (see StepGraph._pad_rows)
     pad_rows = role == "target" and quantization is not None
     graph = StepGraph(builder, spec, max_seq_len, quantization, attention, head_rows, quantize_embedding, pad_rows)
     family.build(graph, spec, weights)
@@ -197,8 +197,8 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     entry = {
         "file": path.name, "architecture": architecture, "source": source.description,
         "source_kind": source.kind, "graph_variant": ATTENTION_VARIANTS[attention],
-        "spec": spec.to_json(), "io": io_names(spec.num_layers, attention), "weights": weights_kind,
-        "min_step_rows": 2 if pad_rows else 1,
+        "spec": spec.to_json(), "io": io_names(spec.num_layers, attention, pad_rows),
+        "weights": weights_kind,
         "weight_bytes": builder.weight_bytes, "embedding_bytes": graph.embedding_bytes,
         "kv": {"num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                "dtype": "float32", "slots": graph.kv_slots},

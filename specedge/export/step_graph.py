@@ -3,8 +3,11 @@
 inputs   input_ids      int64 [B, T]
          position_ids   int64 [B, T]              absolute positions; row b writes at position_ids[b]
          num_logits     int64 [1]                 n <= T: logits only for the last n tokens
+         min_rows       int64 [1]                 quantized targets only: 1, or 2 to run single steps as two
+                                                  rows (see _pad_rows)
          past_key.{i}   float [B, H_kv, S, D]     the whole static buffer of layer i (S = S_max, or
-         past_value.{i} float [B, H_kv, S, D]     S_max + 1 for gqa: one headroom slot, see below)
+         past_value.{i} float [B, H_kv, S, D]     S_max + 1 for gqa: one headroom slot, see below; + 1 more
+                                                  with min_rows)
 outputs  logits         float [B, n, V]
          key.{i}        float [B, H_kv, T, D]     K/V of the T new tokens only (after RoPE)
          value.{i}      float [B, H_kv, T, D]
@@ -56,7 +59,7 @@ class StepGraph:
                  head_rows: np.ndarray | None = None, quantize_embedding: bool = False, pad_rows: bool = False):
         """head_rows: token ids the LM head keeps (a lighter draft head, see draft_vocab.py); None = all.
         quantize_embedding: the embedding table too, gathered by GatherBlockQuantized (needs quantization).
-        pad_rows: the whole step runs on at least two rows (see _pad_rows): for quantized targets."""
+        pad_rows: the step runs on at least min_rows rows, an input (see _pad_rows): for quantized targets."""
         self.b, self.spec, self.max_seq_len, self.quantization = builder, spec, max_seq_len, quantization
         self.head_rows, self.pad_rows = head_rows, pad_rows
         self.quantize_embedding = quantize_embedding and quantization is not None
@@ -68,13 +71,15 @@ class StepGraph:
         # R = the GQA group size, or 2 (the query rows duplicated) for plain multi-head attention.
         self.groups = spec.num_heads // spec.num_kv_heads
         self.query_rows = max(self.groups, 2)
-        self.extra_row = self.in_place and self.PAD_ATTENTION_ROWS and not pad_rows
-        self.kv_slots = max_seq_len + (1 if self.in_place and (self.extra_row or pad_rows) else 0)
+        self.extra_row = self.in_place and self.PAD_ATTENTION_ROWS
+        # headroom: gqa's extra row after the last position, and before it _pad_rows' copy
+        self.kv_slots = max_seq_len + (int(self.extra_row) + int(pad_rows) if self.in_place else 0)
         b, kv_shape = builder, ["batch", spec.num_kv_heads, self.kv_slots, spec.head_dim]
         self.input_ids = b.input("input_ids", TensorProto.INT64, ["batch", "step"])
         self.position_ids = b.input("position_ids", TensorProto.INT64, ["batch", "step"])
         self.num_logits = b.input("num_logits", TensorProto.INT64, [1])
         self.step_rows = b.op("Slice", b.op("Shape", self.input_ids), b.const([1]), b.const([2]))   # [1]: T
+        self.min_rows = b.input("min_rows", TensorProto.INT64, [1]) if pad_rows else None         # 1 or 2
         self.ids, self.positions = self._pad_rows() if pad_rows else (self.input_ids, self.position_ids)
         self.past = [(b.input(f"past_key.{i}", TensorProto.FLOAT, kv_shape),
                       b.input(f"past_value.{i}", TensorProto.FLOAT, kv_shape))
@@ -93,14 +98,15 @@ class StepGraph:
         self.masked = b.const(np.float32(np.finfo(np.float32).min), np.float32, "masked")
 
     def _pad_rows(self) -> tuple[str, str]:
-        """input_ids, position_ids [B, T] -> [B, max(T, 2)]: a single step gets a copy of its token as a second
-        row. MatMulNBits takes another kernel for one row, whose results differ in the last bits (measured on
-        an AVX2 EPYC; not on an AVX-512 Xeon), so a quantized target's single steps must not be single rows
-        for verify rows to equal them. The copy sits at the next position (gqa: the headroom slot or one
-        beyond the committed length, never read before it is rewritten) or, for scatter, at the same
-        position, where it writes the same K/V again; its outputs are dropped."""
+        """input_ids, position_ids [B, T] -> [B, max(T, min_rows)]: with min_rows 2 a single step gets a copy
+        of its token as a second row. MatMulNBits takes another kernel for one row, whose results differ in
+        the last bits on some CPUs (an AVX2 EPYC; not an AVX-512 Xeon), so there a quantized target's single
+        steps must not be single rows for verify rows to equal them; the runtime measures which at load
+        (runtime/row_check.py). The copy sits at the next position (gqa: a headroom slot or beyond the
+        committed length, never read before it is rewritten) or, for scatter, at the same position, where
+        it writes the same K/V again; its outputs are dropped."""
         b = self.b
-        rows = self.padded_rows = b.op("Max", self.step_rows, b.const([2]))                # [1]: max(T, 2)
+        rows = self.padded_rows = b.op("Max", self.step_rows, self.min_rows)                # [1]: T'
 
         def padded(x: str, tail: str) -> str:
             return b.op("Slice", b.op("Concat", x, tail, axis=1), b.const([0]), rows, b.const([1]))
@@ -127,7 +133,7 @@ class StepGraph:
         two rows on. The extra row is a copy of the last, at the position after it: its K/V land in the
         headroom slot or in a slot beyond the committed length, which is never read before it is rewritten.
         Sets the attention's positions [B, T + 1] and GroupQueryAttention's lengths (seqlens_k int32 [B]: the
-        index of the last row, total int32 []). With pad_rows the step has two rows or more already."""
+        index of the last row, total int32 [])."""
         b, pos = self.b, self.positions
         last = b.op("Slice", pos, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1]))   # [B, 1]
         if self.extra_row:
@@ -326,11 +332,12 @@ class StepGraph:
 
 
     def _padded_logits(self, hidden: str, head: np.ndarray) -> None:
-        """hidden [B, T', E] with T' = max(T, 2) rows (_pad_rows) -> logits of the last n real rows. The head
-        (quantized: padding is for quantized targets) also gets m = max(n, 2) rows, the last m of hidden,
-        so that one logit row is computed as two, like a verify call's; then the pad rows are dropped."""
+        """hidden [B, T', E] with T' = max(T, min_rows) rows (_pad_rows) -> logits of the last n real rows. The
+        head (quantized: padding is for quantized targets) also gets m = max(n, min_rows) rows, the last m of
+        hidden, so that with min_rows 2 one logit row is computed as two, like a verify call's; then the pad
+        rows are dropped."""
         b, one = self.b, self.b.const([1])
-        m = b.op("Max", self.num_logits, b.const([2]))
+        m = b.op("Max", self.num_logits, self.min_rows)
         rows = b.op("Slice", hidden, b.op("Sub", self.padded_rows, m), self.padded_rows, one)   # [B, m, E]
         logits = self._matmul_nbits(rows, "lm_head", head)                               # [B, m, V]
         end = b.op("Sub", m, b.op("Sub", self.padded_rows, self.step_rows))              # m - pad rows
@@ -338,11 +345,11 @@ class StepGraph:
         b.output(logits, "logits", TensorProto.FLOAT, ["batch", "logit_rows", head.shape[0]])
 
 
-def io_names(num_layers: int, attention: str = "scatter") -> dict:
+def io_names(num_layers: int, attention: str = "scatter", pad_rows: bool = False) -> dict:
     """The I/O names of a step graph, as the manifest records them."""
     kv_out = ("present_key", "present_value") if attention == "gqa" else ("key", "value")
     return {
-        "inputs": ["input_ids", "position_ids", "num_logits"]
+        "inputs": ["input_ids", "position_ids", "num_logits"] + (["min_rows"] if pad_rows else [])
         + [n for i in range(num_layers) for n in (f"past_key.{i}", f"past_value.{i}")],
         "outputs": ["logits"] + [f"{name}.{i}" for i in range(num_layers) for name in kv_out],
     }

@@ -16,6 +16,7 @@ from specedge.runtime.chat import render_chat
 from specedge.runtime.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specedge.runtime.manifest import read_manifest
 from specedge.runtime.policies import make_policy
+from specedge.runtime.row_check import choose_min_rows
 from specedge.runtime.sampling import Warp, draw
 from specedge.runtime.stats import GenerationStats
 from specedge.runtime.step_model import StepModel
@@ -74,6 +75,7 @@ class Generator:
         models = m["models"]
         self.target = StepModel(self.path / models["target"]["file"], models["target"], self.max_seq_len,
                                 self.vocab_size, max_step, threads)
+        self.target_min_rows = choose_min_rows(self.target, self.vocab_size)
         self.draft, self.draft_head_ids = None, None
         if "draft" in models:
             entry = models["draft"]

@@ -7,7 +7,8 @@ setting it back, nothing else: slots at or beyond `pos` are masked by the graph 
 
 In-place graphs (gqa) write the buffers themselves: their present_* outputs are bound to the past_*
 memory, and nothing is copied after a call. Their buffers hold one slot more than max_seq_len (v2: the
-graph's throwaway attention row is written after the last position); the graph's input shape says.
+graph's throwaway attention row is written after the last position), two for a quantized target whose
+single steps may be padded to two rows; the graph's input shape says.
 """
 
 from __future__ import annotations
@@ -74,7 +75,22 @@ class StepModel:
         self._num_logits = np.ones(1, np.int64)
         if self.selects_logits:
             self._binding.bind_input("num_logits", "cpu", 0, np.int64, [1], self._num_logits.ctypes.data)
+        # quantized targets: single steps as min_rows rows (2 is always exact; row_check.py picks 1 where it is)
+        self.pads_rows = "min_rows" in {i.name for i in self.session.get_inputs()}
+        self._min_rows = np.full(1, 2, np.int64)
+        if self.pads_rows:
+            self._binding.bind_input("min_rows", "cpu", 0, np.int64, [1], self._min_rows.ctypes.data)
         self._bound_step = (0, 0)
+
+    @property
+    def min_rows(self) -> int:
+        return int(self._min_rows[0]) if self.pads_rows else 1
+
+    @min_rows.setter
+    def min_rows(self, rows: int) -> None:
+        if not self.pads_rows and rows != 1:
+            raise ValueError("this graph has no min_rows input")
+        self._min_rows[0] = rows
 
     def _bind_step(self, n: int, rows: int) -> None:
         b = self._binding

@@ -78,7 +78,6 @@ class StepGraph:
         self.input_ids = b.input("input_ids", TensorProto.INT64, ["batch", "step"])
         self.position_ids = b.input("position_ids", TensorProto.INT64, ["batch", "step"])
         self.num_logits = b.input("num_logits", TensorProto.INT64, [1])
-        self.step_rows = b.op("Slice", b.op("Shape", self.input_ids), b.const([1]), b.const([2]))   # [1]: T
         self.min_rows = b.input("min_rows", TensorProto.INT64, [1]) if pad_rows else None         # 1 or 2
         self.ids, self.positions = self._pad_rows() if pad_rows else (self.input_ids, self.position_ids)
         self.past = [(b.input(f"past_key.{i}", TensorProto.FLOAT, kv_shape),
@@ -106,15 +105,20 @@ class StepGraph:
         committed length, never read before it is rewritten) or, for scatter, at the same position, where
         it writes the same K/V again; its outputs are dropped."""
         b = self.b
+        self.step_rows = b.op("Slice", b.op("Shape", self.input_ids), b.const([1]), b.const([2]))   # [1]: T
         rows = self.padded_rows = b.op("Max", self.step_rows, self.min_rows)                # [1]: T'
 
         def padded(x: str, tail: str) -> str:
             return b.op("Slice", b.op("Concat", x, tail, axis=1), b.const([0]), rows, b.const([1]))
 
-        last_id = b.op("Slice", self.input_ids, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1]))
-        last_pos = b.op("Slice", self.position_ids, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1]))
+        last_pos = self._last_row(self.position_ids)
         next_pos = b.op("Add", last_pos, b.const([[1]])) if self.in_place else last_pos
-        return padded(self.input_ids, last_id), padded(self.position_ids, next_pos)
+        return padded(self.input_ids, self._last_row(self.input_ids)), padded(self.position_ids, next_pos)
+
+    def _last_row(self, x: str) -> str:
+        """x [B, T, ...] -> [B, 1, ...]"""
+        b = self.b
+        return b.op("Slice", x, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1]))
 
     def _unpadded(self, x: str, axis: int) -> str:
         """The first T rows of x along axis (drops _pad_rows' copy)."""
@@ -135,7 +139,7 @@ class StepGraph:
         Sets the attention's positions [B, T + 1] and GroupQueryAttention's lengths (seqlens_k int32 [B]: the
         index of the last row, total int32 [])."""
         b, pos = self.b, self.positions
-        last = b.op("Slice", pos, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1]))   # [B, 1]
+        last = self._last_row(pos)                                                        # [B, 1]
         if self.extra_row:
             last = b.op("Add", last, b.const([[1]]))
             self.attention_positions = b.op("Concat", pos, last, axis=1)                  # [B, T + 1]
@@ -148,8 +152,7 @@ class StepGraph:
 
     def _with_extra_row(self, x: str) -> str:
         """x [B, T, C] -> [B, T + 1, C], the last row repeated (see _extra_row)."""
-        tail = self.b.op("Slice", x, self.b.const([-1]), self.b.const([np.iinfo(np.int64).max]), self.b.const([1]))
-        return self.b.op("Concat", x, tail, axis=1)
+        return self.b.op("Concat", x, self._last_row(x), axis=1)
 
     def _rope_tables(self) -> tuple[str, str]:
         b = self.b

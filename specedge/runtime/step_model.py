@@ -43,7 +43,8 @@ class StepModel:
         self.max_step = max_step
         outputs = {o.name for o in self.session.get_outputs()}
         self.in_place = "present_key.0" in outputs
-        slots = next(i.shape[2] for i in self.session.get_inputs() if i.name == "past_key.0")
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        slots = inputs["past_key.0"].shape[2]
         self.kv_slots = slots if isinstance(slots, int) else max_seq_len
         # v1 in-place graphs have no headroom slot: at position 0 their extra row goes after the call
         self._limit_at_zero = max_seq_len - 1 if self.in_place and self.kv_slots == max_seq_len else None
@@ -71,12 +72,12 @@ class StepModel:
                 if self.in_place:
                     self._binding.bind_ortvalue_output(name.replace("past_", "present_"), value)
         # v2 graphs compute logits only for the last num_logits tokens; v1 graphs for all of them
-        self.selects_logits = "num_logits" in {i.name for i in self.session.get_inputs()}
+        self.selects_logits = "num_logits" in inputs
         self._num_logits = np.ones(1, np.int64)
         if self.selects_logits:
             self._binding.bind_input("num_logits", "cpu", 0, np.int64, [1], self._num_logits.ctypes.data)
         # quantized targets: single steps as min_rows rows (2 is always exact; row_check.py picks 1 where it is)
-        self.pads_rows = "min_rows" in {i.name for i in self.session.get_inputs()}
+        self.pads_rows = "min_rows" in inputs
         self._min_rows = np.full(1, 2, np.int64)
         if self.pads_rows:
             self._binding.bind_input("min_rows", "cpu", 0, np.int64, [1], self._min_rows.ctypes.data)

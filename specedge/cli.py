@@ -74,16 +74,20 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @click.option("--threads", default=None, type=int, help="onnxruntime intra-op threads (default: all cores).")
+@click.option("--target-rows", default="auto", show_default=True, type=click.Choice(["auto", "1", "2"]),
+              help="Rows a single step of a quantized target runs as. auto: the fastest that keeps speculative "
+                   "greedy output identical to target-only output on this CPU; 1: always one row (faster plain "
+                   "decoding where auto picks 2, but no longer exact against speculation there).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, prompt_tokens, stats.")
 def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed, k, no_draft, policy, stop,
-             ignore_eos, threads, as_json):
+             ignore_eos, threads, target_rows, as_json):
     """Generate a completion, streaming it, then print the stats."""
     from specedge.runtime import load
 
     _check_sampling(max_new_tokens, temperature, top_k, top_p, k, threads)
     if prompt == "-":
         prompt = sys.stdin.read()
-    gen = load(bundle, threads=threads)
+    gen = load(bundle, threads=threads, target_rows=_rows(target_rows))
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                    k=0 if no_draft else k, use_draft=not no_draft, stop=stop, chat=chat, ignore_eos=ignore_eos,
                    policy=policy)
@@ -108,7 +112,11 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
 @click.option("--repeat", default=1, show_default=True, type=int)
 @click.option("--out", default="bench-out", show_default=True, type=click.Path(file_okay=False))
 @click.option("--threads", default=None, type=int)
-def bench(bundle, prompts_file, policies, max_new_tokens, temperature, seed, repeat, out, threads):
+@click.option("--target-rows", default="auto", show_default=True, type=click.Choice(["auto", "1", "2"]),
+              help="Rows a single step of a quantized target runs as. auto: the fastest that keeps speculative "
+                   "greedy output identical to target-only output on this CPU; 1: always one row (faster plain "
+                   "decoding where auto picks 2, but no longer exact against speculation there).")
+def bench(bundle, prompts_file, policies, max_new_tokens, temperature, seed, repeat, out, threads, target_rows):
     """Run every policy on the same prompts, side by side, and report acceptance, speed and time split."""
     from pathlib import Path
 
@@ -122,7 +130,7 @@ def bench(bundle, prompts_file, policies, max_new_tokens, temperature, seed, rep
         raise click.BadParameter(f"must be >= 1, got {repeat}", param_hint="--repeat")
     names = [p.strip() for p in (policies or DEFAULT_POLICIES).split(",") if p.strip()]
     prompts = load_prompts(prompts_file)
-    gen = load(bundle, threads=threads)
+    gen = load(bundle, threads=threads, target_rows=_rows(target_rows))
     if gen.draft is None:
         names = [n for n in names if n.split(":")[0] in ("target", "ngram")]
 
@@ -164,6 +172,10 @@ def inspect(bundle, verify, as_json):
         click.echo("  target verify rows bitwise equal to single steps on this machine: " +
                    (f"yes (single steps as {min_rows} row{'s' if min_rows > 1 else ''})" if rows_equal else
                     "NO (greedy speculative output may differ from target-only output at near-ties)"))
+
+
+def _rows(choice: str) -> str | int:
+    return choice if choice == "auto" else int(choice)
 
 
 def _check_sampling(max_new_tokens, temperature, top_k, top_p, k, threads):

@@ -101,7 +101,9 @@ def test_bytes_per_token_skips_gather_only_embeddings():
 def test_copy_bandwidth_measures_something():
     bw = copy_bandwidth(nbytes=8 << 20, repeats=3, threads=2)
     assert bw["threads"] == 2 and bw["bytes"] == 8 << 20 and bw["best"] >= bw["median"] > 1e8
-    assert bw["read_best"] >= bw["read_median"] > 1e8
+    assert bw["read_best"] >= bw["read_median"] > 1e8 and bw["read_kernel"] in ("sum", "matvec")
+    odd = copy_bandwidth(nbytes=(8 << 20) + 12, repeats=1, threads=1)      # rounded to whole product rows
+    assert odd["bytes"] == 8 << 20 and odd["read_best"] > 1e8
 
 
 def test_bench_rejects_bad_input(good_bundle, tmp_path, capsys):

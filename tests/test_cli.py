@@ -56,6 +56,14 @@ def test_generate_json_and_baseline(cli_bundle):
         assert key in spec["stats"]
 
 
+def test_target_rows_option(cli_bundle):
+    args = ["generate", str(cli_bundle), "--prompt", "def fib(n):", "--max-new-tokens", "8", "--ignore-eos", "--json"]
+    assert len(json.loads(specedge(*args, "--target-rows", "1").stdout)["tokens"]) == 8
+    proc = specedge(*args, "--target-rows", "2", check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "target_rows 2 needs a quantized target" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
 def test_generate_streams_text_then_stats(cli_bundle):
     proc = specedge("generate", str(cli_bundle), "--prompt", "héllo", "--max-new-tokens", "20", "--ignore-eos")
     as_json = json.loads(specedge("generate", str(cli_bundle), "--prompt", "héllo", "--max-new-tokens", "20",

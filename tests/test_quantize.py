@@ -10,7 +10,7 @@ from onnx import TensorProto, helper
 
 import tiny_models as tm
 from conftest import TARGET_ROWS, _export
-from specedge.errors import ExportError
+from specedge.errors import ExportError, OptionError
 from specedge.export.quantize import Quantization, dequantize, parse_quantization, quantize
 from specedge.runtime import load
 from specedge.runtime.row_check import choose_min_rows, probe_ids, verify_rows_bitwise_equal
@@ -176,6 +176,29 @@ def test_quantized_target_single_steps_as_one_or_two_rows(quantized_bundles):
     step.min_rows, step.pos = 2, manifest["max_seq_len"] - 3
     step.feed(ids[:2])
     assert step.feed([ids[2]]).shape == (1, manifest["vocab_size"]) and step.pos == manifest["max_seq_len"]
+
+
+def test_target_rows_can_be_forced(quantized_bundles, good_bundle):
+    """auto is exact; 2 is exact everywhere; 1 is the one-row kernel, reported as exact only where the probe
+    found it so. An fp32 target steps one row and has nothing to pad."""
+    bundle = quantized_bundles["int4-both"]
+    auto = load(bundle)
+    assert auto.target_steps_exact and auto.target.min_rows == auto.target_min_rows
+    padded = load(bundle, target_rows=2)
+    assert (padded.target_min_rows, padded.target.min_rows, padded.target_steps_exact) == (2, 2, True)
+    one = load(bundle, target_rows=1)
+    assert (one.target_min_rows, one.target.min_rows) == (1, 1)
+    assert one.target_steps_exact == (auto.target_min_rows == 1)
+    ids = probe_ids(one.vocab_size)
+    assert verify_rows_bitwise_equal(one.target, ids) == one.target_steps_exact
+    prompt = ids[:6]
+    texts = [g.generate_ids(prompt, max_new_tokens=12, ignore_eos=True, use_draft=False).tokens for g in (padded, one)]
+    assert len(texts[0]) == len(texts[1]) == 12
+    assert load(good_bundle, target_rows=1).target_min_rows == 1
+    with pytest.raises(OptionError, match="min_rows input"):
+        load(good_bundle, target_rows=2)
+    with pytest.raises(OptionError, match="'auto', 1 or 2"):
+        load(bundle, target_rows=3)
 
 
 @pytest.mark.parametrize("name", ["int4-embed", "int8-embed-untied"])

@@ -31,14 +31,17 @@ def table(results: dict) -> str:
                 f"reads {bound['bytes_per_token'] / 2**20:.0f} MiB/token -> bound {bound['bound_tok_per_s']:.2f} "
                 f"tok/s; plain decode at {bound.get('fraction_of_bound', 0):.2f} of it")
         if "read_bytes_per_s" in bound:                        # results written before the read probe lack it
-            line += (f"; read {bound['read_bytes_per_s'] / 1e9:.1f} GB/s -> {bound['read_bound_tok_per_s']:.2f} tok/s, "
+            line += (f"; read {bound['read_bytes_per_s'] / 1e9:.1f} GB/s ({bound.get('read_kernel', 'sum')}) -> {bound['read_bound_tok_per_s']:.2f} tok/s, "
                      f"plain decode at {bound.get('fraction_of_read_bound', 0):.2f} of it")
         lines.append(line)
     cpu = results.get("machine", {}).get("cpu")
     if cpu:
-        rows = results["machine"].get("target_min_rows", 1)
-        lines.append(f"cpu: {cpu}, {results['machine']['cpus']} logical cpus"
-                     + (", target single steps as 2 rows (exact rows on this cpu)" if rows > 1 else ""))
+        machine = results["machine"]
+        rows = machine.get("target_min_rows", 1)
+        lines.append(f"cpu: {cpu}, {machine['cpus']} logical cpus"
+                     + (", target single steps as 2 rows (exact rows on this cpu)" if rows > 1 else "")
+                     + ("" if machine.get("target_steps_exact", True) else
+                        ", target single steps as 1 row: NOT equal to verify rows on this cpu (--target-rows 1)"))
     lines.append("")
     lines.append("top rejected draft tokens (position: draft -> target wanted, count)")
     for name, p in results["policies"].items():

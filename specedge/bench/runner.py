@@ -184,6 +184,7 @@ def machine_info(gen) -> dict:
             "cpu": cpu_description(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "onnxruntime": __import__("onnxruntime").__version__,
             "target_min_rows": gen.target_min_rows,            # single target steps run as this many rows
+            "target_steps_exact": gen.target_steps_exact,      # ... and they equal verify rows here, bit for bit
             "peak_rss_bytes": peak_rss_bytes()}
 
 

@@ -58,7 +58,8 @@ class GenerationResult:
 class Generator:
     """A loaded bundle: target (and draft) sessions, their KV buffers, and the tokenizer."""
 
-    def __init__(self, bundle: str | Path, backend: str = "cpu", threads: int | None = None):
+    def __init__(self, bundle: str | Path, backend: str = "cpu", threads: int | None = None,
+                 target_rows: str | int = "auto"):
         if backend not in BACKENDS:
             raise SpecedgeError(f"backend '{backend}' is not available (available: {', '.join(BACKENDS)})")
         self.path = Path(bundle)
@@ -75,7 +76,7 @@ class Generator:
         models = m["models"]
         self.target = StepModel(self.path / models["target"]["file"], models["target"], self.max_seq_len,
                                 self.vocab_size, max_step, threads)
-        self.target_min_rows = choose_min_rows(self.target, self.vocab_size)
+        self.target_min_rows, self.target_steps_exact = self._set_target_rows(target_rows)
         self.draft, self.draft_head_ids = None, None
         if "draft" in models:
             entry = models["draft"]
@@ -85,6 +86,21 @@ class Generator:
                 self.draft_head_ids = self._head_ids(entry)
         self.last_result: GenerationResult | None = None
         self._policies: dict[str, tuple] = {}
+
+    def _set_target_rows(self, target_rows: str | int) -> tuple[int, bool]:
+        """Single target steps as 1 or 2 rows -> (rows, whether they equal verify rows here, bit for bit).
+        "auto" measures and takes the fastest exact choice; 1 forces the one-row kernel (faster plain
+        decoding, but on CPUs where it differs, greedy speculative output may differ from target-only
+        output at near-ties); 2 forces padding."""
+        if target_rows not in ("auto", 1, 2):
+            raise OptionError(f"target_rows must be 'auto', 1 or 2, got {target_rows!r}")
+        exact_rows = choose_min_rows(self.target, self.vocab_size)
+        if target_rows == "auto":
+            return exact_rows, True
+        if target_rows == 2 and not self.target.pads_rows:
+            raise OptionError("target_rows 2 needs a quantized target with a min_rows input; this one steps one row")
+        self.target.min_rows = target_rows
+        return target_rows, target_rows >= exact_rows
 
     def _head_ids(self, entry: dict) -> np.ndarray:
         """The token id of each logit column of a draft with a lighter head [logit_rows]."""

@@ -45,6 +45,20 @@ def test_bench_cli_writes_results_and_plots(good_bundle, tmp_path, capsys):
     _check_bandwidth_and_prediction(results, target)
     assert "bandwidth: copy" in captured.out and "meas/pred" in captured.out and "; read " in captured.out
     assert results["machine"]["cpu"] and f"cpu: {results['machine']['cpu']}" in captured.out
+    assert results["machine"]["target_steps_exact"] is True and results["bandwidth"]["read_kernel"] in ("sum", "matvec")
+
+
+def test_target_only_plots_draw_without_warnings(good_bundle, tmp_path):
+    """A target-only run has no labelled series in three of the four plots: no empty-legend warning."""
+    import warnings
+
+    from specedge.bench.report import plots
+
+    results = run_bench(load(good_bundle), [{"prompt": "def f(x):"}], ["target"], max_new_tokens=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        written = plots(results, tmp_path)
+    assert len(written) == 4 and all(path.stat().st_size > 1000 for path in written)
 
 
 def _check_bandwidth_and_prediction(results, target_entry):

@@ -63,6 +63,10 @@ def plots(results: dict, out: Path) -> list[Path] | None:
     policies = results["policies"]
     written = []
 
+    def legend(ax):
+        if ax.get_legend_handles_labels()[1]:          # a target-only run draws no labelled series
+            ax.legend(fontsize=8)
+
     def save(fig, name):
         path = out / name
         fig.tight_layout()
@@ -76,7 +80,7 @@ def plots(results: dict, out: Path) -> list[Path] | None:
             xs = range(1, len(p["acceptance_per_position"]) + 1)
             ax.plot(xs, p["acceptance_per_position"], marker="o", label=name)
     ax.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1.05), title="Acceptance per draft position")
-    ax.legend(fontsize=8)
+    legend(ax)
     save(fig, "acceptance_per_position.png")
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -88,7 +92,7 @@ def plots(results: dict, out: Path) -> list[Path] | None:
         ax.bar(xs, [c / total for c in hist.values()], width=0.8 / max(len(names), 1), label=name)
     ax.set(xlabel="tokens committed per verify call", ylabel="share of verify calls",
            title="Accepted lengths")
-    ax.legend(fontsize=8)
+    legend(ax)
     save(fig, "accepted_lengths.png")
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -96,7 +100,7 @@ def plots(results: dict, out: Path) -> list[Path] | None:
         if p["k_history_all"]:
             ax.plot(p["k_history_all"], drawstyle="steps-post", label=name)
     ax.set(xlabel="decode step (all requests in order)", ylabel="k", title="k chosen over time")
-    ax.legend(fontsize=8)
+    legend(ax)
     save(fig, "k_over_time.png")
 
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -13,6 +13,13 @@ from specedge.errors import OptionError, SpecedgeError
 EXIT_USAGE, EXIT_FAILURE = 2, 1
 
 
+target_rows_option = click.option(
+    "--target-rows", default="auto", show_default=True, type=click.Choice(["auto", "1", "2"]),
+    help="Rows a single step of a quantized target runs as. auto: the fastest that keeps speculative greedy "
+         "output identical to target-only output on this CPU; 1: always one row (faster plain decoding where "
+         "auto picks 2, but no longer exact against speculation there).")
+
+
 @click.group()
 @click.version_option(package_name="specedge")
 def cli():
@@ -74,10 +81,7 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @click.option("--threads", default=None, type=int, help="onnxruntime intra-op threads (default: all cores).")
-@click.option("--target-rows", default="auto", show_default=True, type=click.Choice(["auto", "1", "2"]),
-              help="Rows a single step of a quantized target runs as. auto: the fastest that keeps speculative "
-                   "greedy output identical to target-only output on this CPU; 1: always one row (faster plain "
-                   "decoding where auto picks 2, but no longer exact against speculation there).")
+@target_rows_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, prompt_tokens, stats.")
 def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed, k, no_draft, policy, stop,
              ignore_eos, threads, target_rows, as_json):
@@ -112,10 +116,7 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
 @click.option("--repeat", default=1, show_default=True, type=int)
 @click.option("--out", default="bench-out", show_default=True, type=click.Path(file_okay=False))
 @click.option("--threads", default=None, type=int)
-@click.option("--target-rows", default="auto", show_default=True, type=click.Choice(["auto", "1", "2"]),
-              help="Rows a single step of a quantized target runs as. auto: the fastest that keeps speculative "
-                   "greedy output identical to target-only output on this CPU; 1: always one row (faster plain "
-                   "decoding where auto picks 2, but no longer exact against speculation there).")
+@target_rows_option
 def bench(bundle, prompts_file, policies, max_new_tokens, temperature, seed, repeat, out, threads, target_rows):
     """Run every policy on the same prompts, side by side, and report acceptance, speed and time split."""
     from pathlib import Path

@@ -31,8 +31,9 @@ def table(results: dict) -> str:
                 f"reads {bound['bytes_per_token'] / 2**20:.0f} MiB/token -> bound {bound['bound_tok_per_s']:.2f} "
                 f"tok/s; plain decode at {bound.get('fraction_of_bound', 0):.2f} of it")
         if "read_bytes_per_s" in bound:                        # results written before the read probe lack it
-            line += (f"; read {bound['read_bytes_per_s'] / 1e9:.1f} GB/s ({bound.get('read_kernel', 'sum')}) -> {bound['read_bound_tok_per_s']:.2f} tok/s, "
-                     f"plain decode at {bound.get('fraction_of_read_bound', 0):.2f} of it")
+            line += (f"; read {bound['read_bytes_per_s'] / 1e9:.1f} GB/s ({bound.get('read_kernel', 'sum')}) -> "
+                     f"{bound['read_bound_tok_per_s']:.2f} tok/s, plain decode at "
+                     f"{bound.get('fraction_of_read_bound', 0):.2f} of it")
         lines.append(line)
     cpu = results.get("machine", {}).get("cpu")
     if cpu:

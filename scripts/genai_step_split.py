@@ -56,7 +56,7 @@ def main(argv: list[str]) -> None:
             token = int(target.feed([token])[-1].argmax())
         return prefill, (time.perf_counter() - t) / n
 
-    runs = {"onnxruntime-genai": lambda p: genai(p), "specedge, 1 row": lambda p: specedge(p, 1),
+    runs = {"onnxruntime-genai": genai, "specedge, 1 row": lambda p: specedge(p, 1),
             "specedge, 2 rows": lambda p: specedge(p, 2)}
     ids = np.random.default_rng(0).integers(100, 20000, 81).tolist()
     times = {(name, length): [] for name in runs for length in (81, 21)}

@@ -119,8 +119,6 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
 @target_rows_option
 def bench(bundle, prompts_file, policies, max_new_tokens, temperature, seed, repeat, out, threads, target_rows):
     """Run every policy on the same prompts, side by side, and report acceptance, speed and time split."""
-    from pathlib import Path
-
     from specedge.bench import load_prompts, run_bench
     from specedge.bench.report import plots, table
     from specedge.bench.runner import DEFAULT_POLICIES, write_results

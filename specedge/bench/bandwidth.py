@@ -77,7 +77,7 @@ def bandwidth_bound(model: dict, bandwidth: dict, tok_per_s: float | None = None
     read_bound = bandwidth["read_best"] / per_token
     result = {"copy_bytes_per_s": bandwidth["best"], "copy_bytes_per_s_median": bandwidth["median"],
               "read_bytes_per_s": bandwidth["read_best"], "read_bytes_per_s_median": bandwidth["read_median"],
-              "read_kernel": bandwidth.get("read_kernel", "sum"),
+              "read_kernel": bandwidth["read_kernel"],
               "threads": bandwidth["threads"], "bytes_per_token": per_token, "bound_tok_per_s": bound,
               "read_bound_tok_per_s": read_bound}
     if tok_per_s is not None:

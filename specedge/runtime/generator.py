@@ -94,13 +94,16 @@ class Generator:
         output at near-ties); 2 forces padding."""
         if target_rows not in ("auto", 1, 2):
             raise OptionError(f"target_rows must be 'auto', 1 or 2, got {target_rows!r}")
+        if target_rows == 2:                            # exact everywhere: nothing to probe
+            if not self.target.pads_rows:
+                raise OptionError("target_rows 2 needs a quantized target with a min_rows input; this one steps one row")
+            self.target.min_rows = 2
+            return 2, True
         exact_rows = choose_min_rows(self.target, self.vocab_size)
         if target_rows == "auto":
             return exact_rows, True
-        if target_rows == 2 and not self.target.pads_rows:
-            raise OptionError("target_rows 2 needs a quantized target with a min_rows input; this one steps one row")
-        self.target.min_rows = target_rows
-        return target_rows, target_rows >= exact_rows
+        self.target.min_rows = 1
+        return 1, exact_rows == 1
 
     def _head_ids(self, entry: dict) -> np.ndarray:
         """The token id of each logit column of a draft with a lighter head [logit_rows]."""

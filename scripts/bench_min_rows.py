@@ -4,8 +4,8 @@
 
 The same target session decodes --steps single tokens (after a short prefill) with min_rows 1, then with
 min_rows 2, and so on for --rounds; same weights in the same memory, so only the row count differs.
-Prints the median ms per step of each and their ratio. Needs a bundle whose target has the min_rows
-input (a quantized target exported by this version).
+Prints the median ms per step of each and their ratio. Any target can be padded (the runtime repeats a
+lone token at the next position); it matters for quantized targets (MatMulNBits' one-row kernel).
 """
 
 import argparse
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specedge.runtime.step_model import StepModel
+from specedge.runtime.backends import open_backend
+from specedge.runtime.backends.base import SlotCursor
 
 
 def main(argv: list[str]) -> None:
@@ -29,14 +30,13 @@ def main(argv: list[str]) -> None:
     bundle = Path(args.bundle)
     manifest = json.loads((bundle / "manifest.json").read_text())
     entry = manifest["models"]["target"]
-    step = StepModel(bundle / entry["file"], entry, manifest["max_seq_len"], manifest["vocab_size"], 16)
-    if not step.pads_rows:
-        sys.exit(f"{bundle}: its target has no min_rows input (not a quantized target of this version)")
+    backend = open_backend("cpu", bundle / entry["file"], entry, manifest["max_seq_len"], max_step=16)
+    step = SlotCursor(backend)
     ids = np.random.default_rng(0).integers(0, manifest["vocab_size"], size=16 + args.steps).tolist()
     per_step = {1: [], 2: []}
     for _ in range(args.rounds):
         for rows in (1, 2):
-            step.min_rows, step.pos = rows, 0
+            backend.min_rows, step.pos = rows, 0
             step.feed(ids[:16], last=1)
             t = time.perf_counter()
             for token in ids[16:]:

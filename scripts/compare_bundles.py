@@ -1,4 +1,4 @@
-"""Bundles side by side in one process (e.g. the same models exported with --attention gqa and scatter).
+"""Bundles side by side in one process (e.g. the same models exported with --attention gqa and standard).
 
     python scripts/compare_bundles.py BUNDLE_A BUNDLE_B [...] --policies target,heuristic --repeat 3
 
@@ -12,7 +12,7 @@ import statistics
 import sys
 
 from specedge.bench import run_bench
-from specedge.bench.runner import BUILTIN_PROMPTS
+from specedge.prompts import BUILTIN_PROMPTS
 from specedge.runtime import load
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import onnxruntime_genai as og
 
 from plain_decode_race import race
-from specedge.bench.runner import BUILTIN_PROMPTS
+from specedge.prompts import BUILTIN_PROMPTS
 from specedge.runtime import load
 
 

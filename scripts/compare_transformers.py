@@ -17,7 +17,7 @@ import torch
 import transformers
 
 from plain_decode_race import race
-from specedge.bench.runner import BUILTIN_PROMPTS
+from specedge.prompts import BUILTIN_PROMPTS
 from specedge.runtime import load
 
 

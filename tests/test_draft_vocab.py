@@ -5,15 +5,15 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 
 import test_sampling_lossless as lossless
 import tiny_models as tm
-from conftest import TARGET_ROWS, _export
+from conftest import TARGET_ROWS, _export, cursor_of
 from specedge.cli import main
 from specedge.errors import ExportError
 from specedge.export.draft_vocab import choose_subset, corpus_texts, coverage
 from specedge.runtime import load
-from specedge.runtime.step_model import StepModel
 
 CORPUS = "def add(a, b):\n    return a + b\n\nfor i in range(10):\n    print(add(i, i))\n" * 20
 
@@ -65,11 +65,12 @@ def test_manifest_and_head_columns(pair):
     assert draft["export_check"]["vs_source"]["positions"] > 0
     assert "logit_rows" not in manifest["models"]["target"]
     # the light head's logits are the full head's at those columns
-    make = lambda b, rows: StepModel(b / "draft.onnx", json.loads((b / "manifest.json").read_text())["models"]["draft"],
-                                     256, rows, 16)
     tokens = tm.byte_tokenizer().encode("def f(a):", add_special_tokens=False)
-    np.testing.assert_allclose(make(light, 48).feed(tokens), make(full, manifest["vocab_size"]).feed(tokens)[:, ids],
-                               atol=1e-5)
+    logits = cursor_of(light, "draft").feed(tokens).copy()
+    assert logits.shape == (len(tokens), 48)
+    np.testing.assert_allclose(logits, cursor_of(full, "draft").feed(tokens)[:, ids], atol=1e-5)
+    # its ids output names tokens, not columns: the token id of each row's best column
+    np.testing.assert_array_equal(cursor_of(light, "draft").feed_ids(tokens), np.asarray(ids)[logits.argmax(-1)])
 
 
 @pytest.mark.parametrize("k", [2, 4, 8])
@@ -128,3 +129,23 @@ def test_a_quantized_draft_with_a_lighter_head(workdir):
     baseline = gen.generate("def add(a, b):", max_new_tokens=40, k=0, use_draft=False, ignore_eos=True)
     result = gen.generate("def add(a, b):", max_new_tokens=40, k=4, ignore_eos=True)
     assert result.tokens == baseline.tokens and result.stats.n_verify > 0
+
+
+def test_ids_take_the_first_column_on_ties(workdir):
+    """A head of zeros ties every column: ids is the first one, as numpy's argmax says (onnx ArgMax with
+    select_last_index 0), for the full head (token 0) and for a lighter head (its first token id)."""
+    corpus = workdir / "corpus-ties.txt"
+    corpus.write_text("zzz yyy")
+    model = tm.make_model("llama", TARGET_ROWS, seed=1)
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    tok = tm.byte_tokenizer()
+    bundle = _export(workdir, "zero-head", model, model, tok, draft_vocab=4, draft_vocab_from=str(corpus))
+    head = json.loads((bundle / "draft_vocab.json").read_text())
+    assert head[0] > 0
+    tokens = tok.encode("zzz a", add_special_tokens=False)
+    for role, first in (("target", 0), ("draft", head[0])):
+        cursor = cursor_of(bundle, role)
+        assert not cursor.feed(tokens).any()
+        cursor.pos = 0
+        assert cursor.feed_ids(tokens).tolist() == [first] * len(tokens)

@@ -31,6 +31,12 @@ def run_cli(capsys, *args):
     (["--top-k", "-2"], "--top-k"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--k", "abc"], "--k"),
+    (["--seed", "-1", "--temperature", "0.5"], "--seed"),
+    (["--threads", "0"], "--threads"),
+    (["--drafter", "oracle"], "--drafter"),
+    (["--backend", "tpu"], "unknown backend 'tpu'"),
+    (["--policy", "ngram"], "--drafter ngram"),
+    (["--policy", "fixed:x"], "K must be an integer"),
 ])
 def test_invalid_generate_options(capsys, arch_bundles, args, message):
     code, err = run_cli(capsys, "generate", str(arch_bundles["qwen2"]), "--prompt", "x", *args)
@@ -147,7 +153,7 @@ def test_export_cli_errors(capsys, sources, tmp_path):
     assert code == 1 and "no such file or folder" in err and "\n" not in err
     code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(tmp_path / "b"),
                         "--max-draft", "0")
-    assert code == 1 and "--max-draft" in err
+    assert code == 2 and "--max-draft" in err
     (tmp_path / "notabundle").mkdir()
     code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none",
                         "--out", str(tmp_path / "notabundle"), "--force")

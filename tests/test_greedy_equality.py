@@ -85,23 +85,26 @@ def test_eos_and_stop_strings(gens):
     assert streamed == cut.text
     # make the 5th generated token an eos id: generation ends right after it, with or without a draft
     assert base.tokens[4] not in gen.eos_ids
-    gen.eos_ids.add(base.tokens[4])
+    eos_ids = gen.eos_ids
+    gen.eos_ids = eos_ids | {base.tokens[4]}
     try:
         for k in (0, 4):
             r = gen.generate("abc", max_new_tokens=60, k=k, use_draft=k > 0)
             first = base.tokens.index(base.tokens[4])
             assert r.tokens == base.tokens[: first + 1] and r.stats.stop_reason == "eos"
     finally:
-        gen.eos_ids.discard(base.tokens[4])
+        gen.eos_ids = eos_ids
 
 
 @pytest.mark.parametrize("pair", ["good", "bad-llama"])
-@pytest.mark.parametrize("policy", ["heuristic", "adaptive", "adaptive:stop", "ngram", "ngram:4", "hybrid", "hybrid:3"])
-def test_every_policy_keeps_greedy_exact(gens, pair, policy):
+@pytest.mark.parametrize("policy,drafter", [("heuristic", "model"), ("adaptive", "model"), ("adaptive:stop", "model"),
+                                            ("adaptive", "ngram"), ("fixed:4", "ngram"), ("adaptive", "hybrid"),
+                                            ("fixed:3", "hybrid")])
+def test_every_policy_keeps_greedy_exact(gens, pair, policy, drafter):
     gen = gens[pair]
     prompt = "for i in range(10):\n    print(i)\n" * 2                # repeats itself: n-gram matches exist
     baseline = gen.generate(prompt, max_new_tokens=100, k=0, use_draft=False, ignore_eos=True)
-    result = gen.generate(prompt, max_new_tokens=100, policy=policy, ignore_eos=True)
+    result = gen.generate(prompt, max_new_tokens=100, policy=policy, drafter=drafter, ignore_eos=True)
     assert result.tokens == baseline.tokens
     assert result.stats.n_drafted > 0
 
@@ -114,5 +117,6 @@ def test_ngram_runs_without_a_draft_model(tmp_path, workdir):
     solo = load(export_bundle(str(folder), None, tmp_path / "solo", max_seq_len=256, progress=None))
     prompt = "abcabcabcabc"
     baseline = solo.generate(prompt, max_new_tokens=50, k=0, ignore_eos=True)
-    result = solo.generate(prompt, max_new_tokens=50, policy="ngram", ignore_eos=True)
+    result = solo.generate(prompt, max_new_tokens=50, drafter="ngram", ignore_eos=True)
     assert result.tokens == baseline.tokens and result.stats.n_drafted > 0
+    assert result.stats.n_draft_calls == 0                 # lookups are not draft-model calls

@@ -3,7 +3,7 @@
 import pytest
 
 from specedge.errors import OptionError
-from specedge.runtime.drafters import NgramDrafter
+from specedge.runtime.drafters import lookup, lookup_for
 from specedge.runtime.policies import AdaptivePolicy, FixedPolicy, HeuristicPolicy, make_policy
 
 DRAFT_S, VERIFY_BASE_S, VERIFY_PER_TOKEN_S = 0.03, 0.25, 0.02     # a CPU-like regime: verify nearly flat
@@ -64,19 +64,23 @@ def test_heuristic_rule():
 
 
 def test_make_policy_names():
-    assert isinstance(make_policy("fixed:3", 8)[0], FixedPolicy)
-    assert make_policy("target", 8)[1] == "none"
-    assert make_policy("ngram", 8)[1] == "ngram" and make_policy("hybrid:4", 8)[1] == "hybrid"
-    for bad in ("fixed:9", "fixed:x", "bogus", "adaptive:3"):
+    assert isinstance(make_policy("fixed:3", 8), FixedPolicy)
+    assert make_policy("target", 8).k == 0
+    assert make_policy("adaptive", 8).shared and not make_policy("heuristic", 8).shared
+    for bad in ("fixed:9", "fixed:x", "bogus", "adaptive:3", "ngram", "hybrid:4"):
         with pytest.raises(OptionError):
             make_policy(bad, 8)
+    with pytest.raises(OptionError, match="--drafter ngram"):          # drafters are their own axis now
+        make_policy("ngram", 8)
 
 
 def test_ngram_lookup():
-    drafter = NgramDrafter(vocab_size=100)
-    assert drafter.lookup([1, 2, 3, 4, 5, 1, 2, 3], 3) == [4, 5, 1]      # longest suffix 1 2 3
-    assert drafter.lookup([1, 2, 9, 7, 2, 8, 2], 2) == [8, 2]            # most recent match of "2"
-    assert drafter.lookup([1, 2, 3], 4) == []
+    assert lookup([1, 2, 3, 4, 5, 1, 2, 3], 3) == [4, 5, 1]      # longest suffix 1 2 3
+    assert lookup([1, 2, 9, 7, 2, 8, 2], 2) == [8, 2]            # most recent match of "2"
+    assert lookup([1, 2, 3], 4) == []
+    assert lookup_for("hybrid", [1, 2, 9, 7, 2, 8, 2], 2) == []  # hybrid wants a match of 2 tokens or more
+    assert lookup_for("hybrid", [1, 2, 9, 1, 2], 2) == [9, 1]
+    assert lookup_for("model", [1, 2, 1], 2) == []
 
 
 def test_adaptive_early_stop_learns_which_confidences_get_rejected():
@@ -112,6 +116,60 @@ def test_early_stop_can_be_turned_off():
 
 
 def test_adaptive_stop_spec():
-    policy, kind = make_policy("adaptive:stop", 8)
-    assert kind == "model" and policy.early_stop is True
-    assert make_policy("adaptive", 8)[0].early_stop is False      # off by default: measured not to pay
+    policy = make_policy("adaptive:stop", 8)
+    assert policy.early_stop is True
+    assert make_policy("adaptive", 8).early_stop is False      # off by default: measured not to pay
+
+
+def _batch_costs(batch: int, k: int) -> tuple[float, float]:
+    """A compute-bound regime as a batch grows: -> (seconds per draft step, seconds per verify phase) at batch B;
+    verify costs 0.25 s for the first 4 tokens of the call and 0.06 s per token beyond."""
+    tokens = batch * (k + 1)
+    return 0.01 * batch, 0.25 + 0.06 * max(0, tokens - 4)
+
+
+def _drive_batch(policy, batch: int, steps: int, accept=lambda i: i < 3, max_k=8) -> list[int]:
+    ks = []
+    for _ in range(steps):
+        k = policy.next_k(max_k, batch=batch)
+        draft_s, verify_s = _batch_costs(batch, k)
+        policy.observe_costs(k, draft_s * k, verify_s, batch * (k + 1), batch)
+        for _ in range(batch):
+            n = 0
+            while n < k and accept(n):
+                n += 1
+            policy.observe_acceptance(k, n)
+        ks.append(k)
+    return ks
+
+
+def test_adaptive_shrinks_k_to_zero_as_the_batch_grows_and_returns_when_it_falls():
+    """Counted with deterministic costs where verify cost grows with B x T: speculation pays at B = 1, not at
+    B = 8 (every verified token costs), and comes back at B = 1."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    alone = _drive_batch(policy, 1, 60)
+    assert sorted(alone[-20:])[10] >= 2, alone
+    crowded = _drive_batch(policy, 8, 80)
+    tail = crowded[-40:]
+    assert tail.count(0) >= len(tail) - len(tail) // 16 - 1 and set(tail) <= {0, 1}, crowded
+    again = _drive_batch(policy, 1, 60)
+    assert sorted(again[-20:])[10] >= 2, again
+
+
+def test_adaptive_stays_off_with_acceptance_zero_apart_from_probes():
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    ks = _drive_batch(policy, 1, 200, accept=lambda i: False)
+    tail = ks[-160:]
+    assert tail.count(1) <= len(tail) // 16 + 1 and set(tail) <= {0, 1}, ks
+
+
+def test_adaptive_a_near_tie_with_k0_goes_to_k0():
+    """A useless draft costing 2% of a step and a verify cost flat in tokens (the tiny-pair case where adaptive
+    used to settle at k = 1): k = 1 only ties k = 0 within the margin, so it must not win."""
+    policy = AdaptivePolicy(max_draft=2, probe_every=1000)
+    ks = []
+    for _ in range(100):
+        k = policy.next_k(2)
+        policy.observe(k, 0, 0.002 * k, 0.1, k + 1)
+        ks.append(k)
+    assert ks[-50:] == [0] * 50, ks

@@ -9,12 +9,12 @@ import pytest
 from onnx import TensorProto, helper
 
 import tiny_models as tm
-from conftest import TARGET_ROWS, _export
+from conftest import TARGET_ROWS, _export, cursor_of, open_model
 from specedge.errors import ExportError, OptionError
 from specedge.export.quantize import Quantization, dequantize, parse_quantization, quantize
 from specedge.runtime import load
+from specedge.runtime.backends.base import SlotCursor
 from specedge.runtime.row_check import choose_min_rows, probe_ids, verify_rows_bitwise_equal
-from specedge.runtime.step_model import StepModel
 
 
 def _matmul_nbits(a: np.ndarray, w: np.ndarray, q: Quantization) -> np.ndarray:
@@ -54,8 +54,8 @@ def test_packing_matches_matmulnbits(bits, k, block):
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_accuracy_level_4_rows_do_not_depend_on_the_row_count_from_two_rows_on(bits):
-    """What makes a quantized target's verify rows equal its single steps, which run as two rows
-    (StepGraph._pad_rows): a single row may take another kernel (int4 on an AVX2 EPYC does)."""
+    """What makes a quantized target's verify rows equal its single steps, which the runtime runs as two rows
+    (ModelBackend.min_rows): a single row may take another kernel (int4 on an AVX2 EPYC does)."""
     rng = np.random.default_rng(bits)
     w = rng.normal(size=(40, 128)).astype(np.float32)
     a = rng.normal(size=(9, 128)).astype(np.float32)
@@ -108,7 +108,8 @@ def quantized_bundles(workdir):
     return {
         "int4-draft": _export(workdir, "q-int4-draft", target, draft, tok, draft_quantize="int4"),
         "int4-both": _export(workdir, "q-int4-both", target, draft, tok, quantize="int4"),
-        "int8-acc0": _export(workdir, "q-int8-acc0", target, draft, tok, quantize="int8", accuracy_level=0),
+        "int8-acc0": _export(workdir, "q-int8-acc0", target, draft, tok, quantize="int8", accuracy_level=0,
+                             quantize_embeddings=False),
         "int4-embed": _export(workdir, "q-int4-embed", target, draft, tok, quantize="int4", quantize_embeddings=True),
         "int8-embed-untied": _export(workdir, "q-int8-embed-untied", tm.make_model("llama", TARGET_ROWS, seed=1),
                                      tm.make_model("llama", TARGET_ROWS, seed=1), tok, draft_quantize="int8",
@@ -126,12 +127,18 @@ def test_manifest_records_quantization_and_its_cost(quantized_bundles):
     assert "vs_source" not in models["target"]["export_check"]
     draft = models["draft"]
     assert draft["weights"] == "int4"
+    # embeddings of a quantized model are quantized by default; an fp32 model keeps its table
     assert draft["quantization"] == {"scheme": "int4", "op": "com.microsoft.MatMulNBits", "bits": 4,
-                                     "block_size": 32, "accuracy_level": 4, "embedding": False}
-    assert draft["embedding_bytes"] == 4 * TARGET_ROWS * 64 == models["target"]["embedding_bytes"]
-    # only a quantized target can run its single steps as two rows (StepGraph._pad_rows)
-    assert "min_rows" not in draft["io"]["inputs"] and "min_rows" not in models["target"]["io"]["inputs"]
-    assert "min_rows" in _manifest(quantized_bundles["int4-both"])["models"]["target"]["io"]["inputs"]
+                                     "block_size": 32, "accuracy_level": 4, "embedding": True}
+    assert draft["embedding_bytes"] < 0.2 * 4 * TARGET_ROWS * 64 == 0.2 * models["target"]["embedding_bytes"]
+    opted_out = _manifest(quantized_bundles["int8-acc0"])["models"]      # quantize_embeddings=False
+    assert all(m["quantization"]["embedding"] is False and m["embedding_bytes"] == 4 * TARGET_ROWS * 64
+               for m in opted_out.values())
+    # every graph has the same inputs: padding a lone token to two rows is the runtime's (backend.min_rows)
+    for bundle in (quantized_bundles["int4-draft"], quantized_bundles["int4-both"]):
+        for entry in _manifest(bundle)["models"].values():
+            assert set(entry["io"]["inputs"]) == {"input_ids", "position_ids", "logit_rows"} | {
+                name for layer in entry["io"]["kv"] for name in layer[:2]}
     cost = draft["export_check"]["vs_source"]
     assert cost["prompts"] >= 3 and cost["positions"] > 20
     assert 0.3 < cost["top1_agreement"] <= 1.0      # a tiny random model: flat logits and cost["max_abs_logit_error"] > 0
@@ -150,7 +157,7 @@ def test_accuracy_level_0_matches_the_dequantized_model_tightly(quantized_bundle
 
 def test_quantized_target_rows_are_bitwise_equal(quantized_bundles):
     check = _manifest(quantized_bundles["int4-both"])["models"]["target"]["export_check"]
-    assert check["verify_rows_bitwise_equal"] is True
+    assert check["verify_rows_bitwise_equal"] is True and check["min_rows"] in (1, 2)
 
 
 def test_quantized_target_single_steps_as_one_or_two_rows(quantized_bundles):
@@ -158,29 +165,29 @@ def test_quantized_target_single_steps_as_one_or_two_rows(quantized_bundles):
     exact too (the probe at load). Either way a single step returns its own token's row, not the copy's."""
     bundle = quantized_bundles["int4-both"]
     manifest = _manifest(bundle)
-    entry = manifest["models"]["target"]
-    step = StepModel(bundle / entry["file"], entry, manifest["max_seq_len"], manifest["vocab_size"], 8)
-    assert step.pads_rows and step.min_rows == 2 and step.kv_slots == manifest["max_seq_len"] + 2
+    backend = open_model(bundle, max_step=8, min_rows=2)
+    cursor = SlotCursor(backend)
+    assert backend.kv_slots == manifest["max_seq_len"] + 2
     ids = probe_ids(manifest["vocab_size"])
-    assert verify_rows_bitwise_equal(step, ids)
+    assert verify_rows_bitwise_equal(cursor, ids)
     rows = {}
     for min_rows in (2, 1):
-        step.min_rows, step.pos = min_rows, 0
-        step.feed(ids[:5])
-        rows[min_rows] = np.concatenate([step.feed([t]).copy() for t in ids[5:8]])
+        backend.min_rows, cursor.pos = min_rows, 0
+        cursor.feed(ids[:5])
+        rows[min_rows] = np.concatenate([cursor.feed([t]).copy() for t in ids[5:8]])
     np.testing.assert_allclose(rows[1], rows[2], atol=1e-4)
-    chosen = choose_min_rows(step, manifest["vocab_size"])
-    assert step.pos == 0 and chosen in (1, 2) and verify_rows_bitwise_equal(step, ids)
+    chosen = choose_min_rows(backend, manifest["vocab_size"])
+    assert chosen in (1, 2) and backend.min_rows == chosen and verify_rows_bitwise_equal(SlotCursor(backend), ids)
     assert load(bundle).target_min_rows == chosen
     # the last slot: a padded single step at max_seq_len - 1 writes its copy into the headroom
-    step.min_rows, step.pos = 2, manifest["max_seq_len"] - 3
-    step.feed(ids[:2])
-    assert step.feed([ids[2]]).shape == (1, manifest["vocab_size"]) and step.pos == manifest["max_seq_len"]
+    backend.min_rows, cursor.pos = 2, manifest["max_seq_len"] - 3
+    cursor.feed(ids[:2])
+    assert cursor.feed([ids[2]]).shape == (1, manifest["vocab_size"]) and cursor.pos == manifest["max_seq_len"]
 
 
 def test_target_rows_can_be_forced(quantized_bundles, good_bundle):
     """auto is exact; 2 is exact everywhere; 1 is the one-row kernel, reported as exact only where the probe
-    found it so. An fp32 target steps one row and has nothing to pad."""
+    found it so. Any graph can be padded (the runtime pads), an fp32 target too."""
     bundle = quantized_bundles["int4-both"]
     auto = load(bundle)
     assert auto.target_steps_exact and auto.target.min_rows == auto.target_min_rows
@@ -190,13 +197,12 @@ def test_target_rows_can_be_forced(quantized_bundles, good_bundle):
     assert (one.target_min_rows, one.target.min_rows) == (1, 1)
     assert one.target_steps_exact == (auto.target_min_rows == 1)
     ids = probe_ids(one.vocab_size)
-    assert verify_rows_bitwise_equal(one.target, ids) == one.target_steps_exact
+    assert verify_rows_bitwise_equal(SlotCursor(one.target), ids) == one.target_steps_exact
     prompt = ids[:6]
     texts = [g.generate_ids(prompt, max_new_tokens=12, ignore_eos=True, use_draft=False).tokens for g in (padded, one)]
     assert len(texts[0]) == len(texts[1]) == 12
     assert load(good_bundle, target_rows=1).target_min_rows == 1
-    with pytest.raises(OptionError, match="min_rows input"):
-        load(good_bundle, target_rows=2)
+    assert load(good_bundle, target_rows=2).target.min_rows == 2
     with pytest.raises(OptionError, match="'auto', 1 or 2"):
         load(bundle, target_rows=3)
 
@@ -252,18 +258,15 @@ def test_fp32_target_under_int4_draft_is_the_fp32_target(quantized_bundles, good
 
 
 def test_logits_only_for_the_last_rows(quantized_bundles):
-    manifest = _manifest(quantized_bundles["int4-draft"])
-    entry, vocab = manifest["models"]["target"], manifest["vocab_size"]
-    full = StepModel(quantized_bundles["int4-draft"] / entry["file"], entry, manifest["max_seq_len"], vocab, 16)
-    part = StepModel(quantized_bundles["int4-draft"] / entry["file"], entry, manifest["max_seq_len"], vocab, 16)
-    assert full.selects_logits
+    bundle = quantized_bundles["int4-draft"]
+    full, part = cursor_of(bundle), cursor_of(bundle)
     ids = list(range(10, 30))
     full.feed(ids[:7])
     part.feed(ids[:7], last=1)
     rows = full.feed(ids[7:13]).copy()
     np.testing.assert_array_equal(part.feed(ids[7:13], last=3), rows[-3:])
     # a chunked prefill returns the last row only
-    chunked = StepModel(quantized_bundles["int4-draft"] / entry["file"], entry, manifest["max_seq_len"], vocab, 4)
+    chunked = cursor_of(bundle, max_step=4)
     last = chunked.feed(ids[:13], last=1)
-    assert last.shape == (1, vocab)
+    assert last.shape == (1, _manifest(bundle)["vocab_size"])
     np.testing.assert_allclose(last, rows[-1:], atol=1e-4)

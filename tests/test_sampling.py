@@ -7,7 +7,7 @@ from scipy import stats
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from specedge.runtime.sampling import Warp, draw
-from specedge.runtime.verify import accept_greedy, accept_sampled
+from specedge.runtime.verify import accept_greedy_ids, accept_sampled
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.6, 8, 0.9)])
@@ -33,10 +33,11 @@ def test_draw_follows_distribution():
 
 
 def test_accept_greedy():
-    logits = np.eye(5)[[1, 2, 3, 4]]                   # target wants 1, 2, 3, then 4
-    assert accept_greedy([1, 2, 3], logits) == (3, 4)
-    assert accept_greedy([1, 0, 3], logits) == (1, 2)
-    assert accept_greedy([0, 2, 3], logits) == (0, 1)
+    ids = np.array([1, 2, 3, 4])                       # target wants 1, 2, 3, then 4
+    assert accept_greedy_ids([1, 2, 3], ids) == (3, 4)
+    assert accept_greedy_ids([1, 0, 3], ids) == (1, 2)
+    assert accept_greedy_ids([0, 2, 3], ids) == (0, 1)
+    assert accept_greedy_ids([], ids[:1]) == (0, 1)
 
 
 def _first_token_counts(rule, n=20000, seed=0):

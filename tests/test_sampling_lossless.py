@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import specedge.runtime.generator as generator_module
+import specedge.runtime.batch_step as batch_step_module
+from conftest import _export
+import tiny_models as tm
 from specedge.runtime import load
+from specedge.runtime.backends.base import SlotCursor
 from specedge.runtime.sampling import Warp, draw
 
 PROMPT = [0, 3, 5]
@@ -26,8 +29,7 @@ def gen(word_bundle):
 
 
 def _warped(gen, context):
-    gen.target.pos = 0
-    return Warp(**WARP).probs(gen.target.feed(context)[-1:])[0]
+    return Warp(**WARP).probs(SlotCursor(gen.target).feed(context)[-1:])[0]
 
 
 def _exact_joint(gen) -> dict:
@@ -94,7 +96,7 @@ def test_wrong_acceptance_rule_is_detected(gen, joint, monkeypatch):
                 return i, draw(p[i], rng)
         return len(drafts), draw(p[len(drafts)], rng)
 
-    monkeypatch.setattr(generator_module, "accept_sampled", resample_from_target)
+    monkeypatch.setattr(batch_step_module, "accept_sampled", resample_from_target)
     assert _pvalue(_samples(gen, k=3), joint) < 1e-6
 
 
@@ -106,6 +108,28 @@ def test_seed_makes_runs_reproducible(gen):
     assert len(runs) > 1
 
 
-@pytest.mark.parametrize("policy", ["ngram:3", "hybrid:3", "heuristic"])
-def test_other_drafters_sample_losslessly(gen, joint, policy):
-    assert _pvalue(_samples(gen, policy=policy), joint) > 1e-3
+@pytest.mark.parametrize("policy,drafter", [("fixed:3", "ngram"), ("fixed:3", "hybrid"), ("heuristic", "model")])
+def test_other_drafters_sample_losslessly(gen, joint, policy, drafter):
+    assert _pvalue(_samples(gen, policy=policy, drafter=drafter), joint) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def batch_gen(workdir):
+    """The same 12-token pair as word_bundle, exported with the batched (standard) attention."""
+    n = 12
+    target = tm.make_model("qwen2", n, seed=5, init_scale=0.5)
+    bundle = _export(workdir, "words-standard", target, tm.perturbed(target, seed=6, noise=0.04),
+                     tm.word_tokenizer(n), max_seq_len=32, max_draft=4, attention="standard")
+    return load(bundle, max_batch=3)
+
+
+def test_speculative_sampling_in_a_batch_of_three_matches_exact(batch_gen, joint):
+    """Rows of one batch (each with its own seed and RNG) sample exactly like the target, together."""
+    samples = []
+    for first in range(0, N_SAMPLES // 2, 3):
+        with batch_gen.scheduler.wake:                     # the worker admits all three together
+            streams = [batch_gen.stream_ids(PROMPT, max_new_tokens=4, seed=first + j, ignore_eos=True, k=3, **WARP)
+                       for j in range(3)]
+        samples += [tuple(s.wait().tokens[1:3]) for s in streams]
+    assert max(e.batch for e in batch_gen.events) == 3
+    assert _pvalue(samples, joint) > 1e-3

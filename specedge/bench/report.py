@@ -23,18 +23,14 @@ def table(results: dict) -> str:
     memory, rss = results.get("memory"), results.get("machine", {}).get("peak_rss_bytes")
     if memory:
         parts = [f"{role} {m['weights']} weights {m['weight_bytes'] / 2**20:.0f} MiB + KV {m['kv_bytes'] / 2**20:.0f} MiB"
-                 for role, m in memory.items() if role != "total_bytes"]
+                 for role, m in memory.items() if isinstance(m, dict)]
         lines.append(f"memory: {', '.join(parts)}; peak RSS {rss / 2**30:.2f} GiB" if rss else f"memory: {', '.join(parts)}")
     bound = results.get("bandwidth")
     if bound:
-        line = (f"bandwidth: copy {bound['copy_bytes_per_s'] / 1e9:.1f} GB/s ({bound['threads']} threads); target "
-                f"reads {bound['bytes_per_token'] / 2**20:.0f} MiB/token -> bound {bound['bound_tok_per_s']:.2f} "
-                f"tok/s; plain decode at {bound.get('fraction_of_bound', 0):.2f} of it")
-        if "read_bytes_per_s" in bound:                        # results written before the read probe lack it
-            line += (f"; read {bound['read_bytes_per_s'] / 1e9:.1f} GB/s ({bound.get('read_kernel', 'sum')}) -> "
-                     f"{bound['read_bound_tok_per_s']:.2f} tok/s, plain decode at "
-                     f"{bound.get('fraction_of_read_bound', 0):.2f} of it")
-        lines.append(line)
+        lines.append(f"bandwidth: read {bound['read_bytes_per_s'] / 1e9:.1f} GB/s ({bound['read_kernel']}, "
+                     f"{bound['threads']} threads); target reads {bound['bytes_per_token'] / 2**20:.0f} MiB/token -> "
+                     f"bound {bound['bound_tok_per_s']:.2f} tok/s; plain decode at "
+                     f"{bound.get('fraction_of_bound', 0):.2f} of it")
     cpu = results.get("machine", {}).get("cpu")
     if cpu:
         machine = results["machine"]
@@ -53,27 +49,35 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def plots(results: dict, out: Path) -> list[Path] | None:
-    """Writes the PNG plots; None when matplotlib is missing."""
+def _pyplot():
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return None
+    return plt
+
+
+def _save(plt, fig, path: Path, written: list) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+
+
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[1]:              # a target-only run draws no labelled series
+        ax.legend(fontsize=8)
+
+
+def plots(results: dict, out: Path) -> list[Path] | None:
+    """Writes the PNG plots; None when matplotlib is missing."""
+    plt = _pyplot()
+    if plt is None:
+        return None
     policies = results["policies"]
     written = []
-
-    def legend(ax):
-        if ax.get_legend_handles_labels()[1]:          # a target-only run draws no labelled series
-            ax.legend(fontsize=8)
-
-    def save(fig, name):
-        path = out / name
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, p in policies.items():
@@ -81,8 +85,8 @@ def plots(results: dict, out: Path) -> list[Path] | None:
             xs = range(1, len(p["acceptance_per_position"]) + 1)
             ax.plot(xs, p["acceptance_per_position"], marker="o", label=name)
     ax.set(xlabel="draft position", ylabel="acceptance rate", ylim=(0, 1.05), title="Acceptance per draft position")
-    legend(ax)
-    save(fig, "acceptance_per_position.png")
+    _legend(ax)
+    _save(plt, fig, out / "acceptance_per_position.png", written)
 
     fig, ax = plt.subplots(figsize=(7, 4))
     names = [n for n, p in policies.items() if p["accepted_length_histogram"]]
@@ -93,20 +97,53 @@ def plots(results: dict, out: Path) -> list[Path] | None:
         ax.bar(xs, [c / total for c in hist.values()], width=0.8 / max(len(names), 1), label=name)
     ax.set(xlabel="tokens committed per verify call", ylabel="share of verify calls",
            title="Accepted lengths")
-    legend(ax)
-    save(fig, "accepted_lengths.png")
+    _legend(ax)
+    _save(plt, fig, out / "accepted_lengths.png", written)
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, p in policies.items():
         if p["k_history_all"]:
             ax.plot(p["k_history_all"], drawstyle="steps-post", label=name)
     ax.set(xlabel="decode step (all requests in order)", ylabel="k", title="k chosen over time")
-    legend(ax)
-    save(fig, "k_over_time.png")
+    _legend(ax)
+    _save(plt, fig, out / "k_over_time.png", written)
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.bar(list(policies), [p["tok_per_s"] for p in policies.values()])
     ax.set(ylabel="tokens / s (median over repeats)", title="Throughput per policy")
     ax.tick_params(axis="x", rotation=45)
-    save(fig, "tokens_per_s.png")
+    _save(plt, fig, out / "tokens_per_s.png", written)
+    return written
+
+
+def batch_table(results: dict) -> str:
+    head = (f"{'batch':>5} {'config':<16} {'agg tok/s':>9} {'speedup':>8} {'per-seq tok/s':>13} {'acc len':>8} "
+            f"{'k mean':>7} {'tgt calls':>9} {'same':>5}")
+    lines = [head, "-" * len(head)]
+    for b, configs in results["batches"].items():
+        for name, e in configs.items():
+            same = {True: "yes", False: "NO", None: "n/a"}[e["identical_to_target"]]
+            lines.append(f"{b:>5} {name:<16} {e['aggregate_tok_per_s']:9.2f} {e['speedup']:7.2f}x "
+                         f"{e['per_sequence_tok_per_s']:13.2f} {e['mean_accepted_length']:8.2f} {e['k_mean']:7.2f} "
+                         f"{e['target_calls']:9.0f} {same:>5}")
+    cpu = results.get("machine", {}).get("cpu")
+    if cpu:
+        lines.append(f"cpu: {cpu}, {results['machine']['cpus']} logical cpus")
+    return "\n".join(lines)
+
+
+def batch_plots(results: dict, out: Path) -> list[Path] | None:
+    """Aggregate throughput and k against batch size, one line per configuration."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    written, sizes = [], results["sizes"]
+    for key, label, name in (("aggregate_tok_per_s", "aggregate tokens / s", "throughput_vs_batch.png"),
+                             ("k_mean", "mean k per step", "k_vs_batch.png")):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for config in results["configs"]:
+            ax.plot(sizes, [results["batches"][str(b)][config][key] for b in sizes], marker="o", label=config)
+        ax.set(xlabel="concurrent sequences (batch)", ylabel=label, xticks=sizes, title=f"{label} against batch size")
+        _legend(ax)
+        _save(plt, fig, out / name, written)
     return written

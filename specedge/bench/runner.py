@@ -6,22 +6,21 @@ import json
 import os
 import platform
 import statistics
-from collections import Counter
 from pathlib import Path
 
 from specedge.bench.bandwidth import bandwidth_bound, copy_bandwidth_in_child
 from specedge.errors import OptionError
+from specedge.prompts import BUILTIN_PROMPTS
 from specedge.runtime.memory import memory_report, peak_rss_bytes
+from specedge.runtime.stats import GenerationStats
 
-BUILTIN_PROMPTS = [
-    {"prompt": "def quicksort(arr):\n"},
-    {"prompt": "import numpy as np\n\ndef moving_average(x: np.ndarray, window: int) -> np.ndarray:\n"},
-    {"prompt": "class LRUCache:\n    def __init__(self, capacity: int):\n"},
-    {"prompt": "Rename the variable `total` to `acc` in this function and return the whole function:\n\n"
-               "def sum_positive(values):\n    total = 0\n    for v in values:\n        if v > 0:\n"
-               "            total += v\n    return total\n", "chat": True},
-]
-DEFAULT_POLICIES = "target,fixed:1,fixed:2,fixed:4,fixed:8,heuristic,adaptive,ngram,hybrid"
+DEFAULT_POLICIES = "target,fixed:1,fixed:2,fixed:4,fixed:8,heuristic,adaptive,adaptive@ngram,adaptive@hybrid"
+
+
+def config_options(name: str) -> dict:
+    """A bench configuration 'POLICY[@DRAFTER]' -> generation options."""
+    policy, _, drafter = name.partition("@")
+    return {"policy": policy, "drafter": drafter or "model"}
 
 
 def load_prompts(path: str | None) -> list[dict]:
@@ -53,17 +52,17 @@ def run_bench(gen, prompts: list[dict], policies: list[str], max_new_tokens: int
     if "target" not in policies:
         policies = ["target"] + policies
     for spec in policies:
-        gen._options({"policy": spec})                         # validates every name before any work
+        gen.options(**config_options(spec))                    # validates every name before any work
     base = dict(max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=True)
     bandwidth = [copy_bandwidth_in_child()]
     for spec in policies:                                      # warm-up, excluded
-        gen.generate(prompts[0]["prompt"], **{**base, "max_new_tokens": 8}, policy=spec, seed=seed)
+        gen.generate(prompts[0]["prompt"], **{**base, "max_new_tokens": 8}, **config_options(spec), seed=seed)
     runs = {spec: [[None] * len(prompts) for _ in range(repeat)] for spec in policies}
     total, done = repeat * len(prompts) * len(policies), 0
     for r in range(repeat):
         for i, row in enumerate(prompts):
             for spec in policies:
-                result = gen.generate(row["prompt"], chat=row.get("chat", False), policy=spec,
+                result = gen.generate(row["prompt"], chat=row.get("chat", False), **config_options(spec),
                                       seed=None if seed is None else seed + i, **base)
                 runs[spec][r][i] = result
                 done += 1
@@ -106,53 +105,39 @@ def _predicted_speedup(entry: dict, target: dict) -> float | None:
 
 def _aggregate(gen, spec: str, runs, target_runs, greedy: bool) -> dict:
     flat = [res for per_repeat in runs for res in per_repeat]
-    stats = [res.stats for res in flat]
+    every = [res.stats for res in flat]
+    total = GenerationStats.combine(every)
     # tokens/s of each repeat over all prompts; the median over repeats
     per_repeat = [sum(r.stats.new_tokens for r in rs) / sum(r.stats.total_s for r in rs) for rs in runs]
-    drafted_at, accepted_at = Counter(), Counter()
-    rejections, k_history = Counter(), []
-    for s in stats:
-        for i, (d, a) in enumerate(zip(s.drafted_at, s.accepted_at)):
-            drafted_at[i] += d
-            accepted_at[i] += a
-        rejections.update(s.rejections)
-        k_history += s.k_history
-    n_verify = sum(s.n_verify for s in stats)
-    n_tokens = sum(s.new_tokens for s in stats)
-    n_calls, n_draft_calls = sum(s.n_target_calls for s in stats), sum(s.n_draft_calls for s in stats)
-    decode_tokens = n_tokens - len(stats)                      # the first token of each request is prefill's
-    time_total = sum(s.total_s for s in stats)
-    split = {"prefill": sum(s.prefill_s for s in stats), "draft": sum(s.draft_s for s in stats),
-             "verify": sum(s.verify_s for s in stats)}
-    split["other"] = max(0.0, time_total - sum(split.values()))
+    calls = total.n_target_calls
+    decode_tokens = total.new_tokens - len(every)              # the first token of each request is prefill's
+    split = {"prefill": total.prefill_s, "draft": total.draft_s, "verify": total.verify_s}
+    split["other"] = max(0.0, total.total_s - sum(split.values()))
     identical = None
     if greedy:
         identical = all(res.tokens == tgt.tokens for rs, ts in zip(runs, target_runs) for res, tgt in zip(rs, ts))
-    accepted_lengths = Counter()
-    for s in stats:
-        accepted_lengths.update(s.accepted_lengths)
     decode_s = split["draft"] + split["verify"] + split["other"]
+    summary = total.to_json(gen.decode)
+    adaptive = spec.startswith("adaptive")
     return {
         "tok_per_s": statistics.median(per_repeat), "tok_per_s_per_repeat": per_repeat,
         "decode_tok_per_s": decode_tokens / decode_s if decode_s else 0.0,
-        "new_tokens": n_tokens, "decode_steps": n_calls, "prefill_s": split["prefill"],
-        "step_costs": {"tokens_per_step": decode_tokens / n_calls if n_calls else 0.0,
-                       "drafts_per_step": sum(s.n_drafted for s in stats) / n_calls if n_calls else 0.0,
-                       "draft_per_call": split["draft"] / n_draft_calls if n_draft_calls else 0.0,
-                       "verify_per_call": split["verify"] / n_calls if n_calls else 0.0},
-        "mean_accepted_length": 1 + sum(s.n_accepted for s in stats) / n_verify if n_verify else 1.0,
-        "acceptance_per_position": [accepted_at[i] / drafted_at[i] for i in sorted(drafted_at)],
-        "drafted_per_position": [drafted_at[i] for i in sorted(drafted_at)],
-        "accepted_length_histogram": {str(n): c for n, c in sorted(accepted_lengths.items())},
-        "target_calls_per_token": sum(s.n_target_calls + 1 for s in stats) / n_tokens if n_tokens else 0.0,
-        "time_split": {key: value / time_total for key, value in split.items()} if time_total else {},
+        "new_tokens": total.new_tokens, "decode_steps": calls, "prefill_s": total.prefill_s,
+        "step_costs": {"tokens_per_step": decode_tokens / calls if calls else 0.0,
+                       "drafts_per_step": total.n_drafted / calls if calls else 0.0,
+                       "draft_per_call": total.draft_s / total.n_draft_calls if total.n_draft_calls else 0.0,
+                       "verify_per_call": total.verify_s / calls if calls else 0.0},
+        "mean_accepted_length": total.mean_accepted_length,
+        "acceptance_per_position": total.acceptance_per_position,
+        "drafted_per_position": list(total.drafted_at),
+        "accepted_length_histogram": {str(n): c for n, c in sorted(total.accepted_lengths.items())},
+        "target_calls_per_token": (calls + len(every)) / total.new_tokens if total.new_tokens else 0.0,
+        "time_split": {key: value / total.total_s for key, value in split.items()} if total.total_s else {},
         "identical_to_target": identical,
-        "k_mean": sum(k_history) / len(k_history) if k_history else 0.0,
-        "k_history": stats[0].k_history if spec.startswith("adaptive") else [],
-        "k_history_all": k_history if spec.startswith("adaptive") else [],
-        "top_rejections": [{"position": p, "draft_token": d, "target_token": t, "count": c,
-                            "draft_text": gen.decode([d]), "target_text": gen.decode([t])}
-                           for (p, d, t), c in rejections.most_common(10)],
+        "k_mean": total.k_mean,
+        "k_history": every[0].k_history if adaptive else [],
+        "k_history_all": total.k_history if adaptive else [],
+        "top_rejections": summary["top_rejections"],
         "requests": [{"repeat": r, "prompt": i, "tokens": res.tokens, "stats": res.stats.to_json(gen.decode)}
                      for r, rs in enumerate(runs) for i, res in enumerate(rs)],
     }

@@ -1,10 +1,13 @@
 """Checks an exported step graph against the source model run by transformers itself.
 
-The graph is driven the way the runtime drives it: a prefill chunk into an empty buffer, then
-multi-token steps into the partly filled buffer. transformers runs the whole sequence at once; with
-causal attention its logits at each position must equal ours. A quantized graph is held to the same
-tolerance against transformers running the dequantized weights (what the graph multiplies with), and
-its cost in accuracy is measured against the unquantized model on a few real prompts.
+The graph is driven the way the runtime drives it, through the runtime's CPU backend: a prefill chunk
+into an empty buffer, then multi-token steps into the partly filled buffer. transformers runs the whole
+sequence at once; with causal attention its logits at each position must equal ours. A quantized graph
+is held to the same tolerance against transformers running the dequantized weights (what the graph
+multiplies with), and its cost in accuracy is measured against the unquantized model on a few real
+prompts. Also recorded: whether verify rows equal single steps bit for bit (with the single-step padding
+the runtime would choose here), whether the ids output is the logits' argmax, and for graphs that run
+batches, whether rows of one call equal the same rows run alone.
 """
 
 from __future__ import annotations
@@ -13,12 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from specedge.runtime.row_check import verify_rows_bitwise_equal
-from specedge.runtime.step_model import StepModel
+from specedge.runtime.backends import open_backend
+from specedge.runtime.backends.base import SlotCursor
+from specedge.runtime.row_check import choose_min_rows, verify_rows_bitwise_equal
 
 # (prefill chunk, then step sizes): a verify-sized step and single-token draft steps
 CHECK_STEPS = (7, 5, 1, 3, 1)
 PROMPT_TOKENS = 48                    # per check prompt, teacher-forced
+# the batch check: per row (prefix length, tokens in the call, rows wanted); one call carries all three
+BATCH_ROWS = ((5, 3, 2), (9, 1, 1), (2, 4, 4))
 
 
 def reference_logits(torch_model, ids: list[int], vocab_size: int) -> np.ndarray:
@@ -32,23 +38,55 @@ def random_ids(vocab_size: int, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(0, vocab_size, size=sum(CHECK_STEPS)).tolist()
 
 
+def _backend(onnx_path: Path, model_entry: dict, max_seq_len: int, max_step: int, max_batch: int = 1):
+    return open_backend("cpu", onnx_path, model_entry, max_seq_len, max_batch=max_batch, threads=None,
+                        max_step=max_step)
+
+
 def check_graph(onnx_path: Path, model_entry: dict, reference: np.ndarray, ids: list[int], vocab_size: int,
                 max_seq_len: int, reference_name: str = "", head_rows: np.ndarray | None = None) -> dict:
     """Graph logits over CHECK_STEPS vs the reference's for the same ids (its head_rows columns when the
-    head keeps a subset); and verify rows vs single steps."""
+    head keeps a subset); the ids output vs the logits' argmax; verify rows vs single steps; and, for a
+    graph that runs batches, rows of one call vs the same rows alone."""
     if head_rows is not None:
         reference = reference[:, head_rows]
-    step = StepModel(onnx_path, model_entry, max_seq_len, reference.shape[1], max_step=max(CHECK_STEPS))
+    batches = model_entry.get("max_batch") is None
+    backend = _backend(onnx_path, model_entry, max_seq_len, max(CHECK_STEPS), len(BATCH_ROWS) if batches else 1)
+    cursor = SlotCursor(backend)
     ours, at = [], 0
     for n in CHECK_STEPS:
-        ours.append(step.feed(ids[at: at + n]).copy())
+        ours.append(cursor.feed(ids[at: at + n]).copy())
         at += n
     ours = np.concatenate(ours)
-    return {"steps": list(CHECK_STEPS), "max_abs_logit_error": float(np.abs(ours - reference).max()),
-            "max_abs_logit": float(np.abs(reference).max()),
-            "top1_agreement": float((ours.argmax(-1) == reference.argmax(-1)).mean()),
-            "verify_rows_bitwise_equal": verify_rows_bitwise_equal(step, ids),
-            "reference": f"transformers {_transformers_version()}{reference_name}"}
+    columns = head_rows if head_rows is not None else np.arange(reference.shape[1])
+    cursor.pos = 0
+    top = cursor.feed_ids(ids[:CHECK_STEPS[0]]).copy()
+    min_rows = choose_min_rows(backend, vocab_size)
+    check = {"steps": list(CHECK_STEPS), "max_abs_logit_error": float(np.abs(ours - reference).max()),
+             "max_abs_logit": float(np.abs(reference).max()),
+             "top1_agreement": float((ours.argmax(-1) == reference.argmax(-1)).mean()),
+             "ids_equal_argmax": bool(np.array_equal(top, columns[ours[:CHECK_STEPS[0]].argmax(-1)])),
+             "min_rows": min_rows,
+             "verify_rows_bitwise_equal": verify_rows_bitwise_equal(SlotCursor(backend), ids),
+             "reference": f"transformers {_transformers_version()}{reference_name}"}
+    if batches:
+        check["batch_rows_bitwise_equal"] = batch_rows_bitwise_equal(backend, ids)
+    return check
+
+
+def batch_rows_bitwise_equal(backend, ids: list[int]) -> bool:
+    """Rows at different positions and lengths (BATCH_ROWS) in one call give the logits each gives alone.
+    The backend needs len(BATCH_ROWS) slots; each slot gets its own prefix first."""
+    rows = [(ids[r: r + prefix], ids[r + prefix: r + prefix + n], want)
+            for r, (prefix, n, want) in enumerate(BATCH_ROWS)]
+    for slot, (prefix, _, _) in enumerate(rows):
+        backend.run([0], [prefix], [1], lo=slot)
+    starts = [len(prefix) for prefix, _, _ in rows]
+    together = [out.copy() for out in backend.run(starts, [tokens for _, tokens, _ in rows],
+                                                  [want for *_, want in rows])]
+    alone = [backend.run([start], [tokens], [want], lo=slot)[0].copy()
+             for slot, (start, (_, tokens, want)) in enumerate(zip(starts, rows))]
+    return all(np.array_equal(a, b) for a, b in zip(together, alone))
 
 
 def prompt_agreement(onnx_path: Path, model_entry: dict, torch_model, prompts: list[list[int]], vocab_size: int,
@@ -56,14 +94,14 @@ def prompt_agreement(onnx_path: Path, model_entry: dict, torch_model, prompts: l
     """Teacher-forced top-1 agreement and max logit error of the graph vs the model, over real prompts.
     A subset head agrees where its best token is the full model's best (the error is over its columns)."""
     columns = head_rows if head_rows is not None else np.arange(vocab_size)
-    step = StepModel(onnx_path, model_entry, max_seq_len, len(columns), max_step=PROMPT_TOKENS)
+    cursor = SlotCursor(_backend(onnx_path, model_entry, max_seq_len, PROMPT_TOKENS))
     agree = total = 0
     error = 0.0
     for ids in prompts:
         ids = ids[:PROMPT_TOKENS]
         reference = reference_logits(torch_model, ids, vocab_size)
-        step.pos = 0
-        ours = step.feed(ids)
+        cursor.pos = 0
+        ours = cursor.feed(ids)
         agree += int((columns[ours.argmax(-1)] == reference.argmax(-1)).sum())
         total += len(ids)
         error = max(error, float(np.abs(ours - reference[:, columns]).max()))

@@ -13,7 +13,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-OPSET = 17
+OPSET = 24                            # TensorScatter (standard graphs); ops take axes/splits as inputs
+IR_VERSION = 12                       # the IR version that opset 24 came with (onnx 1.19)
 ALIGN = 4096
 INLINE_LIMIT_BYTES = 1024
 
@@ -106,7 +107,7 @@ class GraphBuilder:
         if any(node.domain == "com.microsoft" for node in self.nodes):
             opsets.append(helper.make_opsetid("com.microsoft", 1))
         model = helper.make_model(graph, opset_imports=opsets, producer_name="specedge")
-        model.ir_version = 8
+        model.ir_version = IR_VERSION
         with open(self.onnx_path, "wb") as f:
             f.write(model.SerializeToString())
         onnx.checker.check_model(str(self.onnx_path))

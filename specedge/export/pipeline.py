@@ -16,15 +16,15 @@ from specedge.export.check import check_graph, load_dequantized, prompt_agreemen
 from specedge.export.onnx_builder import GraphBuilder
 from specedge.export.quantize import Quantization, parse_quantization
 from specedge.export.sources import Source, open_source
-from specedge.export.step_graph import ATTENTION_VARIANTS, StepGraph, io_names
+from specedge.export.step_graph import ATTENTION_VARIANTS, StepGraph
 from specedge.export.tokenizer_files import write_tokenizer
 from specedge.models import architecture_of
 from specedge.models.weights import WeightTable
-from specedge.runtime.manifest import FORMAT, FORMAT_VERSION, MANIFEST, file_record
+from specedge.runtime.manifest import FORMAT, FORMAT_VERSION, MANIFEST, file_record, read_manifest
 
 MIN_SEQ_LEN = 32
 MAX_DRAFT_LIMIT = 32
-DEFAULT_ATTENTION = "gqa"                # measured faster than "scatter" (README, "In-place attention")
+DEFAULT_ATTENTION = "gqa"                # "standard" runs batches; which is faster is measured per machine
 
 
 class Progress:
@@ -54,11 +54,14 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
                   tolerance: float | None = None, force: bool = False, progress=print,
                   quantize: str | None = None, draft_quantize: str | None = None, block_size: int = 32,
                   accuracy_level: int = 4, attention: str = DEFAULT_ATTENTION, draft_vocab: int | None = None,
-                  draft_vocab_from: str | None = None, quantize_embeddings: bool = False) -> Path:
+                  draft_vocab_from: str | None = None, quantize_embeddings: bool | None = None) -> Path:
     """quantize: "none" | "int4" | "int8" for the target, and the draft unless draft_quantize says otherwise;
-    attention: "gqa" (in place, valid length only) | "scatter" (see step_graph.py); draft_vocab: N tokens
-    for the draft's LM head, the most frequent in the corpus draft_vocab_from (see draft_vocab.py);
-    quantize_embeddings: the embedding tables of quantized models too (see StepGraph.embedding)."""
+    attention: "gqa" (GroupQueryAttention, one row a call) | "standard" (standard ops, any batch; see
+    step_graph.py); draft_vocab: N tokens for the draft's LM head, the most frequent in the corpus
+    draft_vocab_from (see draft_vocab.py);
+    quantize_embeddings: the embedding tables of quantized models too (see StepGraph.embedding); None: on
+    whenever a model is quantized (a decode step gathers one row either way, and the table shrinks ~7x at
+    int4), False: fp32 tables."""
     out = Path(out).expanduser().absolute()
     if attention not in ATTENTION_VARIANTS:
         raise ExportError(f"--attention must be one of {', '.join(ATTENTION_VARIANTS)}, got '{attention}'")
@@ -69,6 +72,8 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
     _validate(out, max_seq_len, max_draft, force)
     quantizations = {"target": parse_quantization(quantize, block_size, accuracy_level),
                      "draft": parse_quantization(draft_quantize or quantize, block_size, accuracy_level)}
+    if quantize_embeddings is None:
+        quantize_embeddings = any(quantizations.values())
     if quantize_embeddings and not any(quantizations.values()):
         raise ExportError("--quantize-embeddings needs --quantize or --draft-quantize (int4 or int8)")
     say = Progress(progress)
@@ -92,8 +97,9 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
             head = None
             if role == "draft" and counts is not None:
                 head = _draft_head(counts, draft_vocab, vocab_size, eos_ids, draft_vocab_from, work, say)
-            models[role], ids = _export_model(role, source, work, vocab_size, max_seq_len, tolerance, say,
-                                              quantizations[role], prompts, attention, head, quantize_embeddings)
+            models[role], ids = _export_model(role, source, work, vocab_size, max_seq_len, max_draft, tolerance,
+                                              say, quantizations[role], prompts, attention, head,
+                                              quantize_embeddings)
             eos_ids += [i for i in ids if i not in eos_ids and i < vocab_size]
         if not eos_ids:
             raise ExportError("the source models name no end-of-sequence token")
@@ -102,10 +108,12 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "vocab_size": vocab_size, "eos_token_ids": eos_ids, "max_seq_len": max_seq_len,
             "max_draft": max_draft, "dtype": "float32", "tokenizer": tokenizer_info, "models": models,
+            "engines": {},
         }
         say("hashing files")
         manifest["files"] = {p.name: file_record(p) for p in sorted(work.iterdir()) if p.is_file()}
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        read_manifest(work)                                  # what the runtime will check, checked here first
         if out.exists():
             shutil.rmtree(out)
         work.chmod(0o755)
@@ -148,7 +156,7 @@ def _shared_vocab(sources: dict[str, Source], say) -> int:
 
 
 def _check_prompts(tokenizer, vocab_size: int) -> list[list[int]]:
-    from specedge.bench.runner import BUILTIN_PROMPTS
+    from specedge.prompts import BUILTIN_PROMPTS
 
     encoded = [tokenizer.encode(row["prompt"]) for row in BUILTIN_PROMPTS]
     return [ids for ids in ([i for i in e if i < vocab_size] for e in encoded) if len(ids) >= 2]
@@ -163,7 +171,7 @@ def _draft_head(counts, size: int, vocab_size: int, eos_ids: list[int], corpus: 
                                      "corpus_tokens": sum(counts.values()), "corpus_coverage": share}}
 
 
-def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_seq_len: int,
+def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_seq_len: int, max_draft: int,
                   tolerance: float | None, say, quantization: Quantization | None,
                   prompts: list[list[int]], attention: str, head: dict | None = None,
                   quantize_embedding: bool = False) -> tuple[dict, list[int]]:
@@ -187,18 +195,15 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     weights_kind = quantization.name if quantization else "float32"
     say(f"{role}: writing step graph ({weights_kind} weights)")
     head_rows = head["rows"] if head else None
-    # a quantized target's single steps can run as two rows, as its verify calls do (see StepGraph._pad_rows)
-    pad_rows = role == "target" and quantization is not None
-    graph = StepGraph(builder, spec, max_seq_len, quantization, attention, head_rows, quantize_embedding, pad_rows)
+    graph = StepGraph(builder, spec, max_seq_len, max_draft, quantization, attention, head_rows, quantize_embedding)
     family.build(graph, spec, weights)
     weights.finish()
     builder.save()
     del state, weights
     entry = {
         "file": path.name, "architecture": architecture, "source": source.description,
-        "source_kind": source.kind, "graph_variant": ATTENTION_VARIANTS[attention],
-        "spec": spec.to_json(), "io": io_names(spec.num_layers, attention, pad_rows),
-        "weights": weights_kind,
+        "source_kind": source.kind, "graph_variant": graph.graph_variant, "max_batch": graph.max_batch,
+        "spec": spec.to_json(), "io": graph.io(), "weights": weights_kind,
         "weight_bytes": builder.weight_bytes, "embedding_bytes": graph.embedding_bytes,
         "kv": {"num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                "dtype": "float32", "slots": graph.kv_slots},
@@ -227,13 +232,20 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     check["tolerance"] = limit
     say(f"{role}: max logit error {check['max_abs_logit_error']:.2e} (tolerance {limit:.2e}), "
         f"top-1 agreement {check['top1_agreement']:.3f}, verify rows bitwise equal to single steps: "
-        f"{'yes' if check['verify_rows_bitwise_equal'] else 'NO'}")
+        f"{'yes' if check['verify_rows_bitwise_equal'] else 'NO'}"
+        + (f", batch rows bitwise equal to rows alone: {'yes' if check['batch_rows_bitwise_equal'] else 'NO'}"
+           if "batch_rows_bitwise_equal" in check else ""))
+    if not check["ids_equal_argmax"]:
+        raise ExportError(f"{role}: the graph's ids output is not the argmax of its logits; nothing was written")
     if not check["max_abs_logit_error"] <= limit:
         raise ExportError(f"{role}: exported graph differs from transformers by {check['max_abs_logit_error']:.3g} "
                           f"(tolerance {limit:.3g}); nothing was written")
     if role == "target" and not check["verify_rows_bitwise_equal"]:
         say("target: warning: on this CPU the target's verify rows differ from its single steps in the last bits; "
             "greedy speculative output may differ from target-only output at near-ties")
+    if role == "target" and check.get("batch_rows_bitwise_equal") is False:
+        say("target: warning: on this CPU the target's rows in a batch differ from the same rows run alone in the "
+            "last bits; batched greedy output may differ from single-sequence output at near-ties")
     if quality is not None:
         check["vs_source"] = quality
     entry["export_check"] = check

@@ -1,39 +1,45 @@
-"""The step graph shared by every architecture (see README, "The step graph").
+"""The step graph shared by every architecture (the I/O contract: runtime/manifest.py).
 
 inputs   input_ids      int64 [B, T]
-         position_ids   int64 [B, T]              absolute positions; row b writes at position_ids[b]
-         num_logits     int64 [1]                 n <= T: logits only for the last n tokens
-         min_rows       int64 [1]                 quantized targets only: 1, or 2 to run single steps as two
-                                                  rows (see _pad_rows)
-         past_key.{i}   float [B, H_kv, S, D]     the whole static buffer of layer i (S = S_max, or
-         past_value.{i} float [B, H_kv, S, D]     S_max + 1 for gqa: one headroom slot, see below; + 1 more
-                                                  with min_rows)
-outputs  logits         float [B, n, V]
-         key.{i}        float [B, H_kv, T, D]     K/V of the T new tokens only (after RoPE)
-         value.{i}      float [B, H_kv, T, D]
+         position_ids   int64 [B, T]              start_b .. start_b + T - 1: row b writes K/V at these slots
+         logit_rows     int64 [B, n]              which of the T rows return logits and ids (indices into T)
+         past_key.{i}   float [B, H_kv, S, D]     the static buffer of layer i (S = kv_slots, see below)
+         past_value.{i} float [B, H_kv, S, D]
+outputs  logits         float [B, n, V_head]
+         ids            int64 [B, n]              argmax of each logits row (first index on ties), as the full
+                                                  vocabulary's token id (a lighter head's columns mapped back)
+         present_key.{i}   float [B, H_kv, S, D]  the node's own output, bound by the runtime to the memory of
+         present_value.{i} float [B, H_kv, S, D]  past_key.{i}: the new K/V are written in place
+
+Rows are the runtime's business: it pads them to a common T (repeating a row's last token at the following
+positions), runs a lone token as two rows where that keeps rows exact (ModelBackend.min_rows), and asks for
+logit rows by index, repeating one where the LM head should see two rows. The graph is correct for any
+rows and any logit_rows; slots at or beyond a row's committed length are scratch.
 
 Two attention variants (ATTENTION_VARIANTS), recorded in the manifest as graph_variant:
 
-"scatter" (static-kv-scatter-v2): the new K/V are scattered into a copy of the buffer at their positions,
-and a query at position p attends to slots j <= p of that copy; outputs key.{i}/value.{i} are the new
-tokens' K/V [B, H_kv, T, D], which the runtime writes into its buffers. Every step copies and attends
-over all S_max slots.
+"standard" (static-kv-standard-v1): standard ONNX ops (opset 24), apart from MatMulNBits/GatherBlockQuantized
+for quantized weights. The new K/V of each row are written into the bound buffer by TensorScatter at the
+row's first position (in place: its output is present_key.{i} itself, which onnxruntime's CPU kernel then
+shares with past_key.{i}); a query at position p attends to slots j <= p of all S slots, as one matrix
+product per kv head over R*T query rows (R = max(group size, 2): MLAS takes another accumulation path for
+a single row, so a lone token's row equals its row in a longer call). Runs any batch size (max_batch
+null); S = max_seq_len + max_draft + 2 (rows right-padded to a common length, and dummy rows written at a
+row's committed length, land beyond max_seq_len).
 
-"gqa" (static-kv-gqa-v2): com.microsoft GroupQueryAttention with present_key.{i}/present_value.{i}
-[B, H_kv, S_max + 1, D] bound by the runtime to the same memory as past_key.{i}: the new K/V are written
-in place and attention reads only the valid length. Its rows are bitwise independent of the row count
-only from two rows on (a single row takes another MLAS path), so the attention always gets one
-throwaway row after the last (see StepGraph._extra_row), written into the slot after the last position
-(hence the headroom slot), while the linear layers run on the T rows. (v1 put the extra row before the
-first position, re-reading the committed slot from the buffer: more nodes per layer; still loadable.)
+"gqa" (static-kv-gqa-v3): com.microsoft GroupQueryAttention (and RotaryEmbedding), in place too; attention
+reads only the valid length. Its rows are bitwise independent of the row count only from two rows on, so
+the attention always gets one throwaway row after the last (see StepGraph._extra_row), written into the
+slot after the last position, while the linear layers run on the T rows. GroupQueryAttention refuses
+several new tokens per row after a past when B > 1: max_batch 1. S = max_seq_len + 2 (one slot for a
+runtime pad row at the next position, one for the graph's extra row).
 
 Either way slots beyond the committed length (stale drafts) never matter, so rejection costs nothing;
 and a token's attention sums over the same slots in the same order whether it arrives alone or in a
 verify call of k + 1 tokens, so verify rows equal single-step rows bit for bit (what keeps greedy
-speculation identical to target-only greedy).
-`num_logits` exists because the LM head is a large share of a step: prefill and draft catch-up need
-one row, verification k + 1. Linear layers are MatMul on fp32 weights, or MatMulNBits on weights
-quantized at export (see quantize.py).
+speculation identical to target-only greedy). Linear layers are MatMul on fp32 weights, or MatMulNBits
+on weights quantized at export (see quantize.py). The LM head runs only on the logit rows (it is a large
+share of a step: prefill and draft catch-up need one row, verification k + 1).
 """
 
 from __future__ import annotations
@@ -45,8 +51,9 @@ from specedge.export.onnx_builder import GraphBuilder
 from specedge.export.quantize import Quantization, quantize
 from specedge.models.spec import ModelSpec, rope_inv_freq
 
-ATTENTION_VARIANTS = {"gqa": "static-kv-gqa-v2",
-                      "scatter": "static-kv-scatter-v2"}   # scatter v1: no num_logits input (still loadable)
+ATTENTION_VARIANTS = {"gqa": "static-kv-gqa-v3", "standard": "static-kv-standard-v1"}
+MAX_BATCH = {"gqa": 1, "standard": None}        # rows one call may carry (None: any)
+_DTYPE_NAMES = {TensorProto.INT64: "int64", TensorProto.FLOAT: "float32"}
 
 
 class StepGraph:
@@ -54,81 +61,59 @@ class StepGraph:
 
     PAD_ATTENTION_ROWS = True        # gqa: one extra attention row (see _extra_row); off only to test why
 
-    def __init__(self, builder: GraphBuilder, spec: ModelSpec, max_seq_len: int,
-                 quantization: Quantization | None = None, attention: str = "scatter",
-                 head_rows: np.ndarray | None = None, quantize_embedding: bool = False, pad_rows: bool = False):
+    def __init__(self, builder: GraphBuilder, spec: ModelSpec, max_seq_len: int, max_draft: int,
+                 quantization: Quantization | None = None, attention: str = "gqa",
+                 head_rows: np.ndarray | None = None, quantize_embedding: bool = False):
         """head_rows: token ids the LM head keeps (a lighter draft head, see draft_vocab.py); None = all.
-        quantize_embedding: the embedding table too, gathered by GatherBlockQuantized (needs quantization).
-        pad_rows: the step runs on at least min_rows rows, an input (see _pad_rows): for quantized targets."""
+        quantize_embedding: the embedding table too, gathered by GatherBlockQuantized (needs quantization)."""
+        if attention not in ATTENTION_VARIANTS:
+            raise ValueError(f"unknown attention variant '{attention}'")
         self.b, self.spec, self.max_seq_len, self.quantization = builder, spec, max_seq_len, quantization
-        self.head_rows, self.pad_rows = head_rows, pad_rows
+        self.head_rows = head_rows
+        self.graph_variant, self.max_batch = ATTENTION_VARIANTS[attention], MAX_BATCH[attention]
         self.quantize_embedding = quantize_embedding and quantization is not None
         self.embedding_bytes = 0
-        self.in_place = attention == "gqa"
+        self.gqa = attention == "gqa"
         self.quantized: dict[str, tuple] = {}          # module name -> (codes, scales, zero points, K), for the check
-        # Attention runs as one matrix product per kv head with R*T query rows. MLAS takes a different
+        # standard attention runs as one matrix product per kv head with R*T query rows. MLAS takes a different
         # accumulation path for a single row, so R >= 2 keeps verify rows bitwise equal to single steps:
         # R = the GQA group size, or 2 (the query rows duplicated) for plain multi-head attention.
         self.groups = spec.num_heads // spec.num_kv_heads
         self.query_rows = max(self.groups, 2)
-        self.extra_row = self.in_place and self.PAD_ATTENTION_ROWS
-        # headroom: gqa's extra row after the last position, and before it _pad_rows' copy
-        self.kv_slots = max_seq_len + (int(self.extra_row) + int(pad_rows) if self.in_place else 0)
+        self.extra_row = self.gqa and self.PAD_ATTENTION_ROWS
+        self.kv_slots = max_seq_len + 2 if self.gqa else max_seq_len + max_draft + 2
         b, kv_shape = builder, ["batch", spec.num_kv_heads, self.kv_slots, spec.head_dim]
-        self.input_ids = b.input("input_ids", TensorProto.INT64, ["batch", "step"])
-        self.position_ids = b.input("position_ids", TensorProto.INT64, ["batch", "step"])
-        self.num_logits = b.input("num_logits", TensorProto.INT64, [1])
-        self.min_rows = b.input("min_rows", TensorProto.INT64, [1]) if pad_rows else None         # 1 or 2
-        self.ids, self.positions = self._pad_rows() if pad_rows else (self.input_ids, self.position_ids)
+        self.ids = b.input("input_ids", TensorProto.INT64, ["batch", "step"])
+        self.positions = b.input("position_ids", TensorProto.INT64, ["batch", "step"])
+        self.logit_rows = b.input("logit_rows", TensorProto.INT64, ["batch", "logit_rows"])
         self.past = [(b.input(f"past_key.{i}", TensorProto.FLOAT, kv_shape),
                       b.input(f"past_value.{i}", TensorProto.FLOAT, kv_shape))
                      for i in range(spec.num_layers)]
-        if self.in_place:
+        if self.gqa:
             self._extra_row()
         else:
             self.visible = self._visibility()
+            first = b.op("Gather", self.positions, b.const([0]), axis=1)                             # [B, 1]
+            self.write_index = b.op("Squeeze", first, b.const([1]))                                # [B]
         if not spec.rope:
             self.cos_sin = None
-        elif self.in_place:
+        elif self.gqa:
             self.cos_sin = self._rope_caches()
         else:
             self.cos_sin = self._rope_tables()
         self.scale = b.const(np.float32(1.0 / np.sqrt(spec.head_dim)), np.float32, "attn_scale")
         self.masked = b.const(np.float32(np.finfo(np.float32).min), np.float32, "masked")
 
-    def _pad_rows(self) -> tuple[str, str]:
-        """input_ids, position_ids [B, T] -> [B, max(T, min_rows)]: with min_rows 2 a single step gets a copy
-        of its token as a second row. MatMulNBits takes another kernel for one row, whose results differ in
-        the last bits on some CPUs (an AVX2 EPYC; not an AVX-512 Xeon), so there a quantized target's single
-        steps must not be single rows for verify rows to equal them; the runtime measures which at load
-        (runtime/row_check.py). The copy sits at the next position (gqa: a headroom slot or beyond the
-        committed length, never read before it is rewritten) or, for scatter, at the same position, where
-        it writes the same K/V again; its outputs are dropped."""
-        b = self.b
-        self.step_rows = b.op("Slice", b.op("Shape", self.input_ids), b.const([1]), b.const([2]))   # [1]: T
-        rows = self.padded_rows = b.op("Max", self.step_rows, self.min_rows)                # [1]: T'
-
-        def padded(x: str, tail: str) -> str:
-            return b.op("Slice", b.op("Concat", x, tail, axis=1), b.const([0]), rows, b.const([1]))
-
-        last_pos = self._last_row(self.position_ids)
-        next_pos = b.op("Add", last_pos, b.const([[1]])) if self.in_place else last_pos
-        return padded(self.input_ids, self._last_row(self.input_ids)), padded(self.position_ids, next_pos)
-
     def _last_row(self, x: str) -> str:
         """x [B, T, ...] -> [B, 1, ...]"""
         b = self.b
         return b.op("Slice", x, b.const([-1]), b.const([np.iinfo(np.int64).max]), b.const([1]))
 
-    def _unpadded(self, x: str, axis: int) -> str:
-        """The first T rows of x along axis (drops _pad_rows' copy)."""
-        return self.b.op("Slice", x, self.b.const([0]), self.step_rows, self.b.const([axis])) if self.pad_rows else x
-
     def _visibility(self) -> str:
+        """standard: slot j is visible to a query at position p iff j <= p -> [B, 1, R*T, S] (rows as q's)."""
         b, pos = self.b, self.positions
-        slots = b.const(np.arange(self.max_seq_len).reshape(1, 1, -1), hint="slots")      # [1, 1, S]
+        slots = b.const(np.arange(self.kv_slots).reshape(1, 1, -1), hint="slots")        # [1, 1, S]
         visible = b.op("LessOrEqual", slots, b.op("Unsqueeze", pos, b.const([2])))      # [B, T, S]
-        self.scatter_index = b.op("Unsqueeze", pos, b.const([1, 3]))                      # [B, 1, T, 1]
         visible = b.op("Unsqueeze", visible, b.const([1]))                                # [B, 1, T, S]
         return b.op("Tile", visible, b.const([1, 1, self.query_rows, 1]))                 # [B, 1, R*T, S]
 
@@ -155,15 +140,16 @@ class StepGraph:
         return self.b.op("Concat", x, self._last_row(x), axis=1)
 
     def _rope_tables(self) -> tuple[str, str]:
+        """standard: cos/sin of each row's angles, computed from its position [B, 1, T, D/2]."""
         b = self.b
         inv_freq = b.weight("rope.inv_freq", rope_inv_freq(self.spec.rope, self.spec.head_dim).reshape(1, 1, -1))
         pos = b.op("Unsqueeze", b.op("Cast", self.positions, to=TensorProto.FLOAT), b.const([2]))  # [B, T, 1]
         freqs = b.op("Mul", pos, inv_freq)                                                # [B, T, D/2]
         axis = b.const([1])
-        return b.op("Unsqueeze", b.op("Cos", freqs), axis), b.op("Unsqueeze", b.op("Sin", freqs), axis)  # [B, 1, T, D/2]
+        return b.op("Unsqueeze", b.op("Cos", freqs), axis), b.op("Unsqueeze", b.op("Sin", freqs), axis)
 
     def _rope_caches(self) -> tuple[str, str]:
-        """cos/sin of every slot's angles [S_max + 1, D/2], for com.microsoft.RotaryEmbedding: one node per
+        """gqa: cos/sin of every slot's angles [S, D/2], for com.microsoft.RotaryEmbedding: one node per
         q or k instead of a dozen. The angles are float32 products, as in transformers."""
         b = self.b
         inv_freq = rope_inv_freq(self.spec.rope, self.spec.head_dim).astype(np.float32)
@@ -171,9 +157,9 @@ class StepGraph:
         return b.weight("rope.cos_cache", np.cos(freqs)), b.weight("rope.sin_cache", np.sin(freqs))
 
     def _rotate(self, x: str) -> str:
-        """HF's rotate-half RoPE on x [B, H, T, D] (scatter)."""
+        """HF's rotate-half RoPE on x [B, H, T, D] (standard)."""
         b, (cos, sin) = self.b, self.cos_sin
-        x1, x2 = b.op("Split", x, axis=-1, n_out=2)
+        x1, x2 = b.op("Split", x, axis=-1, num_outputs=2, n_out=2)
         first = b.op("Sub", b.op("Mul", x1, cos), b.op("Mul", x2, sin))
         second = b.op("Add", b.op("Mul", x2, cos), b.op("Mul", x1, sin))
         return b.op("Concat", first, second, axis=-1)
@@ -246,36 +232,41 @@ class StepGraph:
         self.quantized[name] = (codes, scales, zero_points, weight.shape[1])
         return codes, scales, zero_points
 
-    def _matmul_nbits(self, x: str, name: str, weight: np.ndarray) -> str:
-        return self._matmul_nbits_op(x, name, *self._quantized(name, weight), k=weight.shape[1])
+    def _matmul_nbits(self, x: str, name: str, weight: np.ndarray, out: str | None = None) -> str:
+        return self._matmul_nbits_op(x, name, *self._quantized(name, weight), k=weight.shape[1], out=out)
 
     def _matmul_nbits_op(self, x: str, name: str, codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray,
-                         k: int) -> str:
-        """codes [N, blocks, block bytes]; scales and zero points flat, row after row."""
+                         k: int, out: str | None = None) -> str:
+        """codes [N, blocks, block bytes]; scales and zero points flat, row after row. out: the output's name."""
         q, b = self.quantization, self.b
         return b.op("MatMulNBits", x, b.weight(f"{name}.{q.name}", codes), b.weight(f"{name}.scales", scales),
-                    b.weight(f"{name}.zero_points", zero_points), domain="com.microsoft",
+                    b.weight(f"{name}.zero_points", zero_points), domain="com.microsoft", out_names=[out],
                     K=k, N=codes.shape[0], bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
 
+    def _present(self, layer: int, present_k: str, present_v: str) -> None:
+        kv_shape = ["batch", self.spec.num_kv_heads, self.kv_slots, self.spec.head_dim]
+        self.b.output(present_k, f"present_key.{layer}", TensorProto.FLOAT, kv_shape)
+        self.b.output(present_v, f"present_value.{layer}", TensorProto.FLOAT, kv_shape)
+
     def attention(self, layer: int, qkv: str) -> str:
-        """qkv [B, T, (H + 2 H_kv)*D], the fused projection -> context [B, T, H*D]; emits this variant's K/V
-        outputs. gqa adds its extra row here, once for q, k and v."""
+        """qkv [B, T, (H + 2 H_kv)*D], the fused projection -> context [B, T, H*D]; writes layer's K/V in
+        place (present_*). gqa adds its extra row here, once for q, k and v."""
         b, s = self.b, self.spec
         if self.extra_row:
             qkv = self._with_extra_row(qkv)
         q, k, v = self.split(qkv, [s.num_heads * s.head_dim] + [s.num_kv_heads * s.head_dim] * 2)
-        if self.in_place:
-            return self._attention_in_place(layer, q, k, v)
+        if self.gqa:
+            return self._attention_gqa(layer, q, k, v)
         q, k, v = self._heads(q, s.num_heads), self._heads(k, s.num_kv_heads), self._heads(v, s.num_kv_heads)
         if self.cos_sin:
             q, k = self._rotate(q), self._rotate(k)
-        kv_out = ["batch", s.num_kv_heads, "step", s.head_dim]
-        b.output(self._unpadded(k, 2), f"key.{layer}", TensorProto.FLOAT, kv_out)
-        b.output(self._unpadded(v, 2), f"value.{layer}", TensorProto.FLOAT, kv_out)
         past_k, past_v = self.past[layer]
-        index = b.op("Expand", self.scatter_index, b.op("Shape", k))                      # [B, Hkv, T, D]
-        keys = b.op("ScatterElements", past_k, index, k, axis=2)                          # [B, Hkv, S, D]
-        values = b.op("ScatterElements", past_v, index, v, axis=2)
+        # present_* are TensorScatter's own outputs (no Identity): onnxruntime writes in place only then
+        keys = b.op("TensorScatter", past_k, k, self.write_index, axis=2,
+                    out_names=[f"present_key.{layer}"])                                   # [B, Hkv, S, D]
+        values = b.op("TensorScatter", past_v, v, self.write_index, axis=2,
+                      out_names=[f"present_value.{layer}"])
+        self._present(layer, keys, values)
         q = b.op("Reshape", q, b.const([0, s.num_kv_heads, -1, s.head_dim]))             # [B, Hkv, G*T, D]
         if self.groups == 1:
             q = b.op("Concat", q, q, axis=2)                                              # [B, H, 2T, D]
@@ -283,12 +274,12 @@ class StepGraph:
         scores = b.op("Where", self.visible, b.op("Mul", scores, self.scale), self.masked)
         context = b.op("MatMul", b.op("Softmax", scores, axis=-1), values)                # [B, Hkv, R*T, D]
         if self.groups == 1:
-            context = b.op("Split", context, axis=2, n_out=2)[0]                          # [B, H, T, D]
+            context = b.op("Split", context, axis=2, num_outputs=2, n_out=2)[0]            # [B, H, T, D]
         context = b.op("Reshape", context, b.const([0, s.num_heads, -1, s.head_dim]))    # [B, H, T, D]
         context = b.op("Transpose", context, perm=[0, 2, 1, 3])                           # [B, T, H, D]
         return b.op("Reshape", context, b.const([0, 0, s.num_heads * s.head_dim]))
 
-    def _attention_in_place(self, layer: int, q: str, k: str, v: str) -> str:
+    def _attention_gqa(self, layer: int, q: str, k: str, v: str) -> str:
         b, s = self.b, self.spec
         if self.cos_sin:
             cos, sin = self.cos_sin
@@ -303,56 +294,52 @@ class StepGraph:
             "GroupQueryAttention", q, k, v, past_k, past_v, self.seqlens_k, self.total_length, n_out=3,
             out_names=[None, *present], domain="com.microsoft", num_heads=s.num_heads, kv_num_heads=s.num_kv_heads,
             scale=float(1.0 / np.sqrt(s.head_dim)))
-        kv_shape = ["batch", s.num_kv_heads, self.kv_slots, s.head_dim]
-        b.output(present_k, f"present_key.{layer}", TensorProto.FLOAT, kv_shape)
-        b.output(present_v, f"present_value.{layer}", TensorProto.FLOAT, kv_shape)
+        self._present(layer, present_k, present_v)
         if self.extra_row:
             context = b.op("Slice", context, b.const([0]), b.const([-1]), b.const([1]))   # drops the extra row
         return context                                                                    # [B, T, H*D]
 
     def logits(self, hidden: str, head: np.ndarray, tied_embedding: str | None = None) -> None:
-        """hidden [B, T, E], head [V, E] (HF layout) -> logits [B, n, V] of the last n = num_logits tokens.
+        """hidden [B, T, E], head [V, E] (HF layout) -> logits [B, n, V] of the rows logit_rows names, and their
+        argmax ids [B, n].
 
         An fp32 head tied to the embedding shares its initializer; a quantized or row-subset one gets its
-        own copy. With head_rows, n columns are those tokens': [B, n, len(head_rows)].
+        own copy. With head_rows, the n columns are those tokens' [B, n, len(head_rows)], and ids are mapped
+        back to token ids through head_rows.
         """
         if self.head_rows is not None:
             head, tied_embedding = head[self.head_rows], None
         b, v = self.b, head.shape[0]
-        if self.pad_rows:
-            return self._padded_logits(hidden, head)
-        last = b.op("Slice", hidden, b.op("Neg", self.num_logits), b.const([np.iinfo(np.int64).max]), b.const([1]))
+        index = b.op("Unsqueeze", self.logit_rows, b.const([2]))                          # [B, n, 1]
+        rows = b.op("GatherND", hidden, index, batch_dims=1)                              # [B, n, E]
+        # outputs are their nodes' own tensors: an Identity before a graph output that is also read (by ArgMax)
+        # stays in the optimized graph, a copy of the logits every step
         if self.quantization is not None:
-            logits = self._matmul_nbits(last, "lm_head", head)                           # [B, n, V]
+            logits = self._matmul_nbits(rows, "lm_head", head, out="logits")             # [B, n, V]
         else:
             head_name = tied_embedding or b.weight("lm_head.weight", head)
-            flat = b.op("Reshape", last, b.const([-1, self.spec.hidden_size]))
+            flat = b.op("Reshape", rows, b.const([-1, self.spec.hidden_size]))
             logits = b.op("Gemm", flat, head_name, transB=1)                              # [B*n, V]
-            shape = b.op("Concat", b.op("Slice", b.op("Shape", last), b.const([0]), b.const([2])),
-                         b.const([v]), axis=0)
-            logits = b.op("Reshape", logits, shape)
+            shape = b.op("Concat", b.op("Shape", self.logit_rows), b.const([v]), axis=0)
+            logits = b.op("Reshape", logits, shape, out_names=["logits"])
         b.output(logits, "logits", TensorProto.FLOAT, ["batch", "logit_rows", v])
+        if self.head_rows is None:
+            ids = b.op("ArgMax", logits, axis=-1, keepdims=0, select_last_index=0, out_names=["ids"])   # [B, n]
+        else:                                                                             # columns -> token ids
+            column = b.op("ArgMax", logits, axis=-1, keepdims=0, select_last_index=0)
+            token_ids = b.weight("lm_head.token_ids", np.asarray(self.head_rows, np.int64))
+            ids = b.op("Gather", token_ids, column, axis=0, out_names=["ids"])
+        b.output(ids, "ids", TensorProto.INT64, ["batch", "logit_rows"])
 
+    def io(self) -> dict:
+        """The manifest's io record, from what the graph declares: {"inputs": {name: {"dtype", "shape"}},
+        "outputs": {...}, "kv": [[past_key, past_value, present_key, present_value] per layer]}."""
+        def tensors(values) -> dict:
+            return {value.name: {"dtype": _DTYPE_NAMES[value.type.tensor_type.elem_type],
+                                 "shape": [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]}
+                    for value in values}
 
-    def _padded_logits(self, hidden: str, head: np.ndarray) -> None:
-        """hidden [B, T', E] with T' = max(T, min_rows) rows (_pad_rows) -> logits of the last n real rows. The
-        head (quantized: padding is for quantized targets) also gets m = max(n, min_rows) rows, the last m of
-        hidden, so that with min_rows 2 one logit row is computed as two, like a verify call's; then the pad
-        rows are dropped."""
-        b, one = self.b, self.b.const([1])
-        m = b.op("Max", self.num_logits, self.min_rows)
-        rows = b.op("Slice", hidden, b.op("Sub", self.padded_rows, m), self.padded_rows, one)   # [B, m, E]
-        logits = self._matmul_nbits(rows, "lm_head", head)                               # [B, m, V]
-        end = b.op("Sub", m, b.op("Sub", self.padded_rows, self.step_rows))              # m - pad rows
-        logits = b.op("Slice", logits, b.op("Sub", end, self.num_logits), end, one)      # [B, n, V]
-        b.output(logits, "logits", TensorProto.FLOAT, ["batch", "logit_rows", head.shape[0]])
+        return {"inputs": tensors(self.b.inputs), "outputs": tensors(self.b.outputs),
+                "kv": [[f"past_key.{i}", f"past_value.{i}", f"present_key.{i}", f"present_value.{i}"]
+                       for i in range(self.spec.num_layers)]}
 
-
-def io_names(num_layers: int, attention: str = "scatter", pad_rows: bool = False) -> dict:
-    """The I/O names of a step graph, as the manifest records them."""
-    kv_out = ("present_key", "present_value") if attention == "gqa" else ("key", "value")
-    return {
-        "inputs": ["input_ids", "position_ids", "num_logits"] + (["min_rows"] if pad_rows else [])
-        + [n for i in range(num_layers) for n in (f"past_key.{i}", f"past_value.{i}")],
-        "outputs": ["logits"] + [f"{name}.{i}" for i in range(num_layers) for name in kv_out],
-    }

@@ -61,7 +61,11 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     wte_rows = weights.take("transformer.wte.weight", (spec.vocab_rows, e))[: spec.vocab_size]
     tokens, wte = graph.embedding("transformer.wte.weight", wte_rows, graph.ids)
     wpe = b.weight("transformer.wpe.weight", weights.take("transformer.wpe.weight", (spec.max_position_embeddings, e)))
-    x = b.op("Add", tokens, b.op("Gather", wpe, graph.positions))                     # [B, T, E]
+    positions = graph.positions
+    if graph.kv_slots > spec.max_position_embeddings:
+        # pad rows the runtime writes after a row's last position may lie beyond the table; their K/V are scratch
+        positions = b.op("Min", positions, b.const(spec.max_position_embeddings - 1))
+    x = b.op("Add", tokens, b.op("Gather", wpe, positions))                           # [B, T, E]
     for i in range(spec.num_layers):
         p = f"transformer.h.{i}"
         qkv = conv1d(layer_norm(x, f"{p}.ln_1"), f"{p}.attn.c_attn", e, 3 * e)

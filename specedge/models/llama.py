@@ -45,7 +45,7 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     def rms_norm(x: str, name: str) -> str:
         w = b.weight(name, weights.take(name, (e,)))
         two = b.const(2.0, dtype="float32", hint="two")
-        variance = b.op("ReduceMean", b.op("Pow", x, two), axes=[-1], keepdims=1)
+        variance = b.op("ReduceMean", b.op("Pow", x, two), b.const([-1]), keepdims=1)
         eps = b.const(spec.norm_eps, dtype="float32", hint="eps")
         return b.op("Mul", b.op("Div", x, b.op("Sqrt", b.op("Add", variance, eps))), w)
 

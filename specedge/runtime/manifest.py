@@ -1,19 +1,41 @@
-"""The bundle manifest: versioned, self-describing, checked before anything is loaded.
+"""The bundle manifest: the one contract between exporter and runtime, versioned and checked before loading.
 
-manifest.json
+manifest.json (format_version 2)
   format            "specedge-bundle"
-  format_version    FORMAT_VERSION; other versions are refused
-  vocab_size        rows of every logits output (padding rows sliced off at export)
+  format_version    FORMAT_VERSION; other versions are refused with a re-export message
+  vocab_size        rows of every full logits output (padding rows sliced off at export)
   eos_token_ids     generation stops after any of these
-  max_seq_len       S_max of every KV buffer
+  max_seq_len       committed tokens a sequence may hold (prompt + output)
   max_draft         largest k a verify call was exported and checked for
   dtype             "float32"
   tokenizer         {"file", "chat_template" (file or null), "bos_token", "eos_token"}
   models            {"target": MODEL, "draft": MODEL (absent for a target-only bundle)}
+  engines           {} (reserved: compiled engines per backend, with what they were built for)
   files             {relative path: {"bytes", "sha256"}} for every file of the bundle
 MODEL
-  file, architecture, source, graph_variant, spec (ModelSpec fields), io {"inputs", "outputs"},
-  kv {"num_layers", "num_kv_heads", "head_dim", "dtype"}, export_check {...}
+  file, architecture, source, source_kind, spec (ModelSpec fields), weights, weight_bytes, embedding_bytes
+  graph_variant     one of GRAPH_VARIANTS
+  max_batch         rows one call may carry: null (any) or 1 (gqa: GroupQueryAttention refuses several
+                    new tokens per row after a past when B > 1)
+  kv                {"num_layers", "num_kv_heads", "head_dim", "dtype", "slots"}: each buffer is
+                    [B, num_kv_heads, slots, head_dim]; slots - max_seq_len is headroom for pad rows
+  io                {"inputs": {NAME: TENSOR}, "outputs": {NAME: TENSOR},
+                     "kv": [[past_key, past_value, present_key, present_value] per layer]}
+                    TENSOR = {"dtype": "int64" | "float32", "shape": [int or symbolic name]}
+  logit_rows, vocab_subset   (optional) a lighter draft head: its logit columns and their token ids
+  quantization, export_check
+
+The step graph's I/O (every variant):
+  input_ids      int64 [B, T]                 row b's tokens
+  position_ids   int64 [B, T]                 start_b .. start_b + T - 1: row b writes K/V at these slots
+  logit_rows     int64 [B, n]                 which of the T rows return logits / ids (indices into T)
+  past_key.{i}   float [B, H_kv, slots, D]    the static buffer of layer i, bound once per call shape
+  logits         float [B, n, V_head]
+  ids            int64 [B, n]                 argmax of each returned row, first index on ties, mapped to
+                                              the full vocabulary's ids (a lighter head's columns)
+  present_key.{i} float [B, H_kv, slots, D]   the same memory as past_key.{i}: K/V written in place
+A query at position p sees slots j <= p. Slots at or beyond a row's committed length are scratch: the
+runtime pads rows (repeating the last token at the following positions) and writes dummy rows there.
 """
 
 from __future__ import annotations
@@ -25,9 +47,11 @@ from pathlib import Path
 from specedge.errors import BundleError
 
 FORMAT = "specedge-bundle"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
-KNOWN_GRAPH_VARIANTS = ("static-kv-scatter-v1", "static-kv-scatter-v2", "static-kv-gqa-v1", "static-kv-gqa-v2")
+GRAPH_VARIANTS = ("static-kv-standard-v1", "static-kv-gqa-v3")
+STEP_INPUTS = ("input_ids", "position_ids", "logit_rows")
+STEP_OUTPUTS = ("logits", "ids")
 
 
 def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
@@ -59,15 +83,14 @@ def read_manifest(bundle: str | Path, verify_hashes: bool = False) -> dict:
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise BundleError(f"{bundle}: bundle format version {version} is not supported by this specedge "
-                          f"(it reads version {FORMAT_VERSION}); re-export the bundle")
-    for key in ("vocab_size", "eos_token_ids", "max_seq_len", "max_draft", "tokenizer", "models", "files"):
+                          f"(it reads version {FORMAT_VERSION}); re-export the bundle with this version")
+    for key in ("vocab_size", "eos_token_ids", "max_seq_len", "max_draft", "dtype", "tokenizer", "models", "files"):
         if key not in manifest:
             raise BundleError(f"{path}: manifest lacks '{key}'")
     if "target" not in manifest["models"]:
         raise BundleError(f"{path}: manifest has no target model")
     for role, model in manifest["models"].items():
-        if model.get("graph_variant") not in KNOWN_GRAPH_VARIANTS:
-            raise BundleError(f"{bundle}: {role} graph variant '{model.get('graph_variant')}' is unknown")
+        _check_model(bundle, role, model)
     for rel, record in manifest["files"].items():
         file = root / rel
         if not file.exists():
@@ -77,3 +100,20 @@ def read_manifest(bundle: str | Path, verify_hashes: bool = False) -> dict:
         if verify_hashes and sha256_of(file) != record["sha256"]:
             raise BundleError(f"{bundle}: {rel} is corrupt (checksum mismatch)")
     return manifest
+
+
+def _check_model(bundle, role: str, model: dict) -> None:
+    if model.get("graph_variant") not in GRAPH_VARIANTS:
+        raise BundleError(f"{bundle}: {role} graph variant '{model.get('graph_variant')}' is unknown "
+                          f"(known: {', '.join(GRAPH_VARIANTS)})")
+    for key in ("file", "kv", "io", "max_batch"):
+        if key not in model:
+            raise BundleError(f"{bundle}: {role} model entry lacks '{key}'")
+    io = model["io"]
+    if not all(isinstance(io.get(key), dict if key != "kv" else list) for key in ("inputs", "outputs", "kv")):
+        raise BundleError(f"{bundle}: {role} io must name 'inputs', 'outputs' and 'kv'")
+    missing = [n for n in STEP_INPUTS if n not in io["inputs"]] + [n for n in STEP_OUTPUTS if n not in io["outputs"]]
+    if missing:
+        raise BundleError(f"{bundle}: {role} io lacks {', '.join(missing)}")
+    if len(io["kv"]) != model["kv"]["num_layers"]:
+        raise BundleError(f"{bundle}: {role} io names {len(io['kv'])} KV layers, kv says {model['kv']['num_layers']}")

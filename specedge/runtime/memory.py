@@ -1,4 +1,4 @@
-"""Bytes a bundle needs in memory: weights and static KV buffers per model, and the process's peak RSS."""
+"""Bytes a bundle needs in memory: weights, and static KV buffers per slot (one slot per concurrent sequence)."""
 
 from __future__ import annotations
 
@@ -6,20 +6,22 @@ import resource
 import sys
 
 
-def kv_buffer_bytes(manifest: dict, role: str) -> int:
-    """K and V buffers of every layer, [1, H_kv, slots, D] float32 each (slots: max_seq_len, + 1 for gqa v2;
-    bundles before v2 record no slots)."""
+def kv_slot_bytes(manifest: dict, role: str) -> int:
+    """K and V buffers of every layer for one sequence: [H_kv, slots, D] float32 each (slots: max_seq_len plus
+    the variant's headroom for pad rows)."""
     kv = manifest["models"][role]["kv"]
-    slots = kv.get("slots", manifest["max_seq_len"])
-    return 2 * kv["num_layers"] * kv["num_kv_heads"] * slots * kv["head_dim"] * 4
+    return 2 * kv["num_layers"] * kv["num_kv_heads"] * kv["slots"] * kv["head_dim"] * 4
 
 
-def memory_report(manifest: dict) -> dict:
-    """{role: {"weights", "weight_bytes", "kv_bytes"}, "total_bytes"} at the bundle's max_seq_len."""
+def memory_report(manifest: dict, max_batch: int = 1) -> dict:
+    """{role: {"weights", "weight_bytes", "kv_slot_bytes", "kv_bytes"}, "max_batch", "total_bytes"}: KV for
+    max_batch slots at the bundle's max_seq_len."""
     report = {role: {"weights": m.get("weights", "float32"), "weight_bytes": m["weight_bytes"],
-                     "kv_bytes": kv_buffer_bytes(manifest, role)}
+                     "kv_slot_bytes": kv_slot_bytes(manifest, role),
+                     "kv_bytes": max_batch * kv_slot_bytes(manifest, role)}
               for role, m in manifest["models"].items()}
     report["total_bytes"] = sum(r["weight_bytes"] + r["kv_bytes"] for r in report.values())
+    report["max_batch"] = max_batch
     return report
 
 

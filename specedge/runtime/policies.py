@@ -1,8 +1,10 @@
-"""Speculation policies: how many tokens to draft before the next verify call.
+"""Speculation policies: how many tokens to draft before the next verify call (who drafts is the drafter's axis).
 
-Every policy sees the same feedback after each step (`observe`): how many drafts were proposed and
-accepted, and what the draft steps and the verify call cost, with the verify call's total token count
-(so a batched server can reuse the cost model). k = 0 means a plain target step.
+Feedback comes in two parts: after each step the costs it measured (`observe_costs`: wall time of the draft
+phase and of the verify phase, host work included, the verify call's total token count B x T and the batch
+size B), and for each row what it drafted and the target accepted (`observe_acceptance`). k = 0 means a plain
+target step. A `shared` policy is one object for every row of a batch that names it, and learns across
+requests (adaptive); the others belong to one sequence.
 """
 
 from __future__ import annotations
@@ -15,13 +17,26 @@ from specedge.errors import OptionError
 
 class Policy:
     early_stop = False                # True: ask keep_drafting before each further draft step
+    shared = False
     name = "policy"
 
-    def next_k(self, max_k: int) -> int:
+    def next_k(self, max_k: int, batch: int = 1) -> int:
         raise NotImplementedError
 
-    def observe(self, k: int, n_accepted: int, draft_s: float, verify_s: float, verify_tokens: int) -> None:
+    def observe_acceptance(self, k: int, n_accepted: int) -> None:
         pass
+
+    def observe_costs(self, k: int, draft_s: float, verify_s: float, verify_tokens: int, batch: int = 1) -> None:
+        pass
+
+    def observe(self, k: int, n_accepted: int, draft_s: float, verify_s: float, verify_tokens: int) -> None:
+        """One row alone: its costs and its acceptance."""
+        self.observe_costs(k, draft_s, verify_s, verify_tokens, 1)
+        self.observe_acceptance(k, n_accepted)
+
+    def expected_accepted(self, k: int) -> float | None:
+        """Expected accepted drafts of one row at k (None: this policy does not predict)."""
+        return None
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         """Asked before each further draft step, with the confidences of the drafts made so far."""
@@ -35,7 +50,7 @@ class FixedPolicy(Policy):
     def __init__(self, k: int):
         self.k, self.name = k, f"fixed:{k}"
 
-    def next_k(self, max_k: int) -> int:
+    def next_k(self, max_k: int, batch: int = 1) -> int:
         return min(self.k, max_k)
 
 
@@ -47,45 +62,59 @@ class HeuristicPolicy(Policy):
     def __init__(self, start: int = 5, limit: int = 8):
         self.k, self.limit = start, limit
 
-    def next_k(self, max_k: int) -> int:
+    def next_k(self, max_k: int, batch: int = 1) -> int:
         return min(self.k, max_k, self.limit)
 
-    def observe(self, k, n_accepted, draft_s, verify_s, verify_tokens):
+    def observe_acceptance(self, k: int, n_accepted: int) -> None:
         if k == 0:
             return
         self.k = min(self.k + 2, self.limit) if n_accepted == k else max(1, self.k - 1)
 
 
 @dataclass
-class CostModel:
-    """Seconds per draft step, and seconds per verify call as a function of its token count.
-
-    Verify costs are kept as an exponential average per token count; an unseen count is read off the
-    least-squares line through the seen ones (verification is close to linear in tokens on a CPU).
-    """
+class CostCurve:
+    """Seconds as a function of a size: an exponential average per size seen; an unseen size is read off the
+    least-squares line through the seen ones (close to linear in tokens on a CPU), or with one size seen, a
+    prior of +10% per extra unit (a memory-bound step: extra tokens are nearly free)."""
 
     decay: float = 0.9
-    draft_step_s: float | None = None
-    verify_s: dict[int, float] = field(default_factory=dict)
+    seen: dict[int, float] = field(default_factory=dict)
 
-    def observe_draft(self, seconds_per_step: float) -> None:
-        self.draft_step_s = _ema(self.draft_step_s, seconds_per_step, self.decay)
+    def observe(self, size: int, seconds: float) -> None:
+        self.seen[size] = _ema(self.seen.get(size), seconds, self.decay)
 
-    def observe_verify(self, tokens: int, seconds: float) -> None:
-        self.verify_s[tokens] = _ema(self.verify_s.get(tokens), seconds, self.decay)
-
-    def verify(self, tokens: int) -> float | None:
-        if tokens in self.verify_s:
-            return self.verify_s[tokens]
-        if not self.verify_s:
+    def __call__(self, size: int) -> float | None:
+        if size in self.seen:
+            return self.seen[size]
+        if not self.seen:
             return None
-        if len(self.verify_s) == 1:
-            (t0, c0), = self.verify_s.items()
-            return c0 * (1 + 0.1 * (tokens - t0))  # prior: +10% per extra token (memory-bound CPU)
-        xs, ys = zip(*self.verify_s.items())
+        if len(self.seen) == 1:
+            (s0, c0), = self.seen.items()
+            return max(c0 * (1 + 0.1 * (size - s0)), 1e-9)
+        xs, ys = zip(*self.seen.items())
         mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-        return max(my + max(slope, 0.0) * (tokens - mx), 1e-9)
+        return max(my + max(slope, 0.0) * (size - mx), 1e-9)
+
+
+@dataclass
+class CostModel:
+    """Seconds per draft step as a function of the rows in the call (B), and per verify phase as a function of
+    the verify call's total token count (B x T). Both are wall times of the loop's phases, host work included:
+    a cost model that counted only time inside model calls chose k = 1 with a useless cheap draft."""
+
+    draft: CostCurve = field(default_factory=CostCurve)
+    verify: CostCurve = field(default_factory=CostCurve)
+
+    def observe_draft(self, rows: int, seconds_per_step: float) -> None:
+        self.draft.observe(rows, seconds_per_step)
+
+    def observe_verify(self, tokens: int, seconds: float) -> None:
+        self.verify.observe(tokens, seconds)
+
+    @property
+    def draft_step_s(self) -> float | None:
+        return self.draft(1)
 
 
 class ConfidenceCalibration:
@@ -122,25 +151,30 @@ def _ema(old: float | None, new: float, decay: float) -> float:
 
 
 class AdaptivePolicy(Policy):
-    """Picks k in [0, max_k] maximising expected tokens per second, E(k) / cost(k).
+    """Picks k in [0, max_k] for the whole batch, maximising expected committed tokens per second:
+    B * E(k) / (k * draft(B) + verify(B * (k + 1))), with k = 0 a plain target step.
 
-    E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j, where a_j is the probability that draft position j is
-    accepted given that positions before it were: a Beta estimate with a prior (so it starts sensibly)
-    and forgetting (so it follows a change). cost(k) = k * draft step + verify(k + 1 tokens).
-    A position never tried yet borrows the estimate of the last tried one, and every `explore_every`
-    steps it tries one more (then one fewer) than the best k, so the costs of other verify sizes and the
-    acceptance of deeper positions get measured. While k = 0 wins, it still probes with k = 1 every
-    `probe_every` steps, so it notices when the draft becomes useful again.
+    E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j, where a_j is the probability that draft position j is accepted
+    given that positions before it were: a Beta estimate with a prior (so it starts sensibly) and forgetting
+    (so it follows a change), shared by the rows. The costs are measured wall times as functions of the call's
+    size (CostModel): at batch 1 on a memory-bound target extra verified tokens are nearly free; as B grows they
+    are not, and k shrinks to 0; it comes back when the batch shrinks. A position never tried yet borrows the
+    estimate of the last tried one, and every `explore_every` steps it tries one more (then one fewer) than the
+    best k, so the costs of other verify sizes and the acceptance of deeper positions get measured. While k = 0
+    wins it still probes with k = 1 every `probe_every` steps, to notice when the draft becomes useful again.
+    Near-ties between positive k go to the longer draft (acceptance comes in runs), but k > 0 must beat k = 0
+    by more than the tie margin: the forgetting prior keeps a useless draft's acceptance estimate a little above
+    zero, and with a cheap draft that alone would otherwise keep k = 1.
 
     Early stop: before each further draft step it weighs that step's expected gain, P(every draft so far
     is accepted, given their confidences) * a_next, against what the step costs at the current rate
-    (tokens/s times draft step + one more verify token); acceptance per confidence is calibrated online,
-    so the confidence threshold tunes itself to the draft, the prompt and the costs. Off by default
-    ('adaptive:stop' turns it on): on the real pair it stopped too early while the calibration was
-    young, 1.64x against 2.49x without it (README).
+    (tokens/s times draft step + one more verify token); acceptance per confidence is calibrated online.
+    Off by default ('adaptive:stop' turns it on): on the real pair it stopped too early while the calibration
+    was young.
     """
 
     name = "adaptive"
+    shared = True
 
     def __init__(self, max_draft: int, prior_accept: float = 0.8, prior_weight: float = 1.0, forget: float = 0.97,
                  probe_every: int = 16, explore_every: int = 4, warmup_k: int = 4, tie: float = 0.02,
@@ -155,6 +189,7 @@ class AdaptivePolicy(Policy):
         self.prior = (prior_accept * prior_weight, prior_weight)
         self.costs = costs or CostModel()
         self.since_probe = 0
+        self.last_batch = 1
 
     def acceptance(self) -> list[float]:
         rates, last = [], None
@@ -170,26 +205,35 @@ class AdaptivePolicy(Policy):
             total += run
         return total
 
-    def step_cost(self, k: int) -> float | None:
-        verify = self.costs.verify(k + 1)
-        if verify is None or (k > 0 and self.costs.draft_step_s is None):
-            return None
-        return verify + (k * self.costs.draft_step_s if k else 0.0)
+    def expected_accepted(self, k: int) -> float:
+        return self.expected_tokens(k) - 1.0
 
-    def next_k(self, max_k: int) -> int:
+    def step_cost(self, k: int, batch: int = 1) -> float | None:
+        verify = self.costs.verify(batch * (k + 1))
+        draft = self.costs.draft(batch) if k else 0.0
+        if verify is None or draft is None:
+            return None
+        return verify + k * draft
+
+    def next_k(self, max_k: int, batch: int = 1) -> int:
         max_k = min(max_k, self.max_draft)
-        costs = [self.step_cost(k) for k in range(max_k + 1)]
+        self.last_batch = batch
+        costs = [self.step_cost(k, batch) for k in range(max_k + 1)]
         if max_k >= 1 and any(c is None for c in costs[1:]):
             return min(self.warmup_k, max_k)                       # no cost estimates yet: measure first
-        rate = [self.expected_tokens(k) / costs[k] if costs[k] else -math.inf for k in range(max_k + 1)]
-        # near-ties go to the longer draft: acceptance comes in runs, so deep positions beat their estimate
-        best = max(k for k in range(max_k + 1) if rate[k] >= (1 - self.tie) * max(rate))
-        self.rate = max(rate)
-        if best == 0 and max_k >= 1:
-            self.since_probe += 1
-            if self.since_probe >= self.probe_every:
-                self.since_probe = 0
-                return 1
+        rate = [batch * self.expected_tokens(k) / costs[k] if costs[k] else -math.inf for k in range(max_k + 1)]
+        self.rate = max(rate) / batch
+        positive = max(rate[1:], default=-math.inf)
+        if positive > (1 + self.tie) * rate[0]:           # k > 0 must beat the plain step by more than a tie
+            best = max(k for k in range(1, max_k + 1) if rate[k] >= (1 - self.tie) * positive)
+        else:
+            best = 0
+        if best == 0:
+            if max_k >= 1:
+                self.since_probe += 1
+                if self.since_probe >= self.probe_every:
+                    self.since_probe = 0
+                    return 1
             return 0
         self.steps += 1
         if self.steps % self.explore_every == 0:
@@ -201,19 +245,24 @@ class AdaptivePolicy(Policy):
         n = len(confidences)
         if not self.early_stop or self.rate is None or n >= self.max_draft:
             return True
-        extra_verify = self.costs.verify(n + 2) - self.costs.verify(n + 1)
-        step_cost = self.costs.draft_step_s + max(extra_verify, 0.0)
+        b = self.last_batch
+        verify_next, verify_now = self.costs.verify(b * (n + 2)), self.costs.verify(b * (n + 1))
+        draft = self.costs.draft(b)
+        if verify_next is None or verify_now is None or draft is None:
+            return True
+        step_cost = (draft + max(verify_next - verify_now, 0.0)) / b
         reach = math.prod(self.calibration.acceptance(c) for c in confidences)
         return reach * self.acceptance()[n] >= self.rate * step_cost
 
     def observe_confidences(self, confidences: list[float], n_accepted: int) -> None:
         self.calibration.observe(confidences, n_accepted)
 
-    def observe(self, k, n_accepted, draft_s, verify_s, verify_tokens):
+    def observe_costs(self, k: int, draft_s: float, verify_s: float, verify_tokens: int, batch: int = 1) -> None:
         self.costs.observe_verify(verify_tokens, verify_s)
-        if k == 0:
-            return
-        self.costs.observe_draft(draft_s / k)
+        if k:
+            self.costs.observe_draft(batch, draft_s / k)
+
+    def observe_acceptance(self, k: int, n_accepted: int) -> None:
         # position i was tried iff all before it were accepted; forgetting pulls towards the prior
         a0, t0 = self.prior
         for i in range(min(k, n_accepted + 1)):
@@ -222,29 +271,25 @@ class AdaptivePolicy(Policy):
             self.observed[i] = self.forget * self.observed[i] + 1.0
 
 
-POLICY_NAMES = ("target", "fixed:K", "heuristic", "adaptive", "adaptive:stop", "ngram", "hybrid")
+POLICY_NAMES = ("target", "fixed:K", "heuristic", "adaptive", "adaptive:stop")
 
 
-def make_policy(spec: str, max_draft: int) -> tuple[Policy, str]:
-    """'fixed:4' | 'heuristic' | 'adaptive[:stop]' | 'target' | 'ngram[:K]' | 'hybrid[:K]' -> (policy, drafter kind).
-
-    ngram and hybrid pick k like `adaptive` unless given a fixed K.
-    """
+def make_policy(spec: str, max_draft: int) -> Policy:
+    """'fixed:K' | 'heuristic' | 'adaptive[:stop]' | 'target' -> a new policy object."""
     name, _, arg = spec.partition(":")
-    if name == "target":
-        return FixedPolicy(0), "none"
-    if name in ("fixed", "ngram", "hybrid") and arg:
+    if name == "target" and not arg:
+        return FixedPolicy(0)
+    if name == "fixed" and arg:
         try:
             k = int(arg)
         except ValueError:
             raise OptionError(f"policy '{spec}': K must be an integer") from None
         if not 0 <= k <= max_draft:
             raise OptionError(f"policy '{spec}': K must be between 0 and the bundle's max_draft {max_draft}")
-        return FixedPolicy(k), {"fixed": "model"}.get(name, name)
+        return FixedPolicy(k)
     if name == "heuristic" and not arg:
-        return HeuristicPolicy(limit=max_draft, start=min(5, max_draft)), "model"
-    if name == "adaptive" and arg == "stop":
-        return AdaptivePolicy(max_draft, early_stop=True), "model"
-    if name in ("adaptive", "ngram", "hybrid") and not arg:
-        return AdaptivePolicy(max_draft), {"adaptive": "model"}.get(name, name)
-    raise OptionError(f"unknown policy '{spec}' (known: {', '.join(POLICY_NAMES)})")
+        return HeuristicPolicy(limit=max_draft, start=min(5, max_draft))
+    if name == "adaptive" and arg in ("", "stop"):
+        return AdaptivePolicy(max_draft, early_stop=arg == "stop")
+    hint = f"; use --drafter {name}" if name in ("ngram", "hybrid") else ""
+    raise OptionError(f"unknown policy '{spec}' (known: {', '.join(POLICY_NAMES)}){hint}")

@@ -45,6 +45,30 @@ class GenerationStats:
         if n_accepted < k:
             self.rejections[(n_accepted + 1, drafts[n_accepted], target_token)] += 1
 
+    @classmethod
+    def combine(cls, runs: list["GenerationStats"]) -> "GenerationStats":
+        """The sums over several requests (counts, histograms, times; k_history concatenated)."""
+        total = cls()
+        for s in runs:
+            for name in ("prompt_tokens", "new_tokens", "n_drafted", "n_accepted", "n_verify", "n_target_calls",
+                         "n_draft_calls", "prefill_s", "draft_s", "verify_s", "total_s"):
+                setattr(total, name, getattr(total, name) + getattr(s, name))
+            grow = len(s.drafted_at) - len(total.drafted_at)
+            if grow > 0:
+                total.drafted_at += [0] * grow
+                total.accepted_at += [0] * grow
+            for i, (d, a) in enumerate(zip(s.drafted_at, s.accepted_at)):
+                total.drafted_at[i] += d
+                total.accepted_at[i] += a
+            total.k_history += s.k_history
+            total.rejections.update(s.rejections)
+            total.accepted_lengths.update(s.accepted_lengths)
+        return total
+
+    @property
+    def k_mean(self) -> float:
+        return sum(self.k_history) / len(self.k_history) if self.k_history else 0.0
+
     @property
     def mean_accepted_length(self) -> float:
         """Tokens committed per verify call, counting the target's own token (vLLM's definition)."""
@@ -70,7 +94,7 @@ class GenerationStats:
             "mean_accepted_length": self.mean_accepted_length,
             "acceptance_per_position": self.acceptance_per_position,
             "verify_calls": self.n_verify, "target_calls": self.n_target_calls, "draft_calls": self.n_draft_calls,
-            "k_mean": sum(self.k_history) / len(self.k_history) if self.k_history else 0.0,
+            "k_mean": self.k_mean,
             "tokens_per_s": self.tokens_per_s,
             "time_s": {"total": self.total_s, "prefill": self.prefill_s, "draft": self.draft_s,
                        "verify": self.verify_s,

@@ -11,13 +11,12 @@ import numpy as np
 from specedge.runtime.sampling import draw
 
 
-def accept_greedy(drafts: list[int], target_logits: np.ndarray) -> tuple[int, int]:
-    """Longest prefix where the target's argmax equals the draft, then the target's own token."""
-    best = target_logits.argmax(axis=-1)                              # [k + 1]
+def accept_greedy_ids(drafts: list[int], target_ids: np.ndarray) -> tuple[int, int]:
+    """Longest prefix where the target's argmax ids [k + 1] equal the drafts, then the target's own token."""
     k = len(drafts)
-    mismatch = np.flatnonzero(best[:k] != np.asarray(drafts, dtype=best.dtype))
+    mismatch = np.flatnonzero(target_ids[:k] != np.asarray(drafts, dtype=target_ids.dtype))
     n = int(mismatch[0]) if mismatch.size else k
-    return n, int(best[n])
+    return n, int(target_ids[n])
 
 
 def accept_sampled(drafts: list[int], q: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> tuple[int, int]:

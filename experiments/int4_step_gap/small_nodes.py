@@ -1,5 +1,5 @@
 """What small nodes cost: 200 of a kind in a bare chain, and 9 per layer between 28 int4 MatMulNBits
-layers (1536 -> 8960, sliced back).   python scripts/int4_step_gap/small_nodes.py"""
+layers (1536 -> 8960, sliced back).   python experiments/int4_step_gap/small_nodes.py"""
 import time
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""MatMulNBits vs fp32 MatMul cost per row count for one 1536x8960 layer: python scripts/bench_matmul.py"""
+"""MatMulNBits vs fp32 MatMul cost per row count for one 1536x8960 layer: python experiments/bench_matmul.py"""
 import time, sys, numpy as np, onnxruntime as ort
 from onnx import helper as h, TensorProto as TP, numpy_helper as nh
 

@@ -1,6 +1,6 @@
 """GroupQueryAttention's cost against the KV buffer's length: 28 layers (12 heads, 2 kv heads, head_dim 128),
 one new token after 100, past and present bound to one buffer in place, as the runtime binds them.
-    python scripts/int4_step_gap/gqa_buffer_length.py"""
+    python experiments/int4_step_gap/gqa_buffer_length.py"""
 import time
 
 import numpy as np

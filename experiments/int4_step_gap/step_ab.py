@@ -1,5 +1,5 @@
-"""Single-step ms: onnxruntime-genai's int4 graph (plain session) against our bundles' targets (StepModel, one
-row), alternating in one process.   python scripts/int4_step_gap/step_ab.py GENAI_DIR BUNDLE [BUNDLE ...]"""
+"""Single-step ms: onnxruntime-genai's int4 graph (plain session) against our bundles' targets (a one-slot cursor over the cpu backend, one
+row), alternating in one process.   python experiments/int4_step_gap/step_ab.py GENAI_DIR BUNDLE [BUNDLE ...]"""
 import json
 import sys
 import time
@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from _genai_graph import genai_step
-from specedge.runtime.step_model import StepModel
+from specedge.runtime.backends import open_backend
+from specedge.runtime.backends.base import SlotCursor
 
 PAST, STEPS, ROUNDS = 100, 12, 14
 _, genai = genai_step(sys.argv[1], past=PAST)
@@ -18,9 +19,7 @@ ids = np.random.default_rng(0).integers(100, 20000, PAST + 1).tolist()
 def ours(bundle: str):
     manifest = json.loads((Path(bundle) / "manifest.json").read_text())
     entry = manifest["models"]["target"]
-    step = StepModel(Path(bundle) / entry["file"], entry, manifest["max_seq_len"], manifest["vocab_size"], 16)
-    if step.pads_rows:
-        step.min_rows = 1
+    step = SlotCursor(open_backend("cpu", Path(bundle) / entry["file"], entry, manifest["max_seq_len"], max_step=16))
     step.feed(ids[:PAST], last=1)
 
     def run():

@@ -1,11 +1,11 @@
 """Prefill and single-step cost apart: onnxruntime-genai against specedge's target (one row and two rows),
 on the same weights, in one process, alternating, so drift hits all three alike.
 
-    python scripts/genai_step_split.py GENAI_DIR BUNDLE [--steps 48] [--rounds 4] [--threads 2]
+    python experiments/int4_step_gap/genai_step_split.py GENAI_DIR BUNDLE [--steps 48] [--rounds 4] [--threads 2]
 
 Random prompt ids of 81 and 21 tokens; greedy steps after each prefill. Prints the median prefill ms and
 ms per step of each (the first round is a warm-up and not counted). specedge's two-row figure needs a
-quantized target with a min_rows input; for other targets it equals the one-row figure.
+quantized target (a lone token repeated at the next position); for fp32 targets it costs little.
 """
 import argparse
 import json
@@ -18,6 +18,7 @@ import numpy as np
 import onnxruntime_genai as og
 
 from specedge.runtime import load
+from specedge.runtime.backends.base import SlotCursor
 
 
 def main(argv: list[str]) -> None:
@@ -46,14 +47,13 @@ def main(argv: list[str]) -> None:
         return prefill, (time.perf_counter() - t) / n
 
     def specedge(prompt, rows):
-        if target.pads_rows:
-            target.min_rows = rows
-        target.pos = 0
+        target.min_rows = rows
+        cursor = SlotCursor(target)
         t = time.perf_counter()
-        token = int(target.feed(prompt, last=1)[-1].argmax())
+        token = int(cursor.feed(prompt, last=1)[-1].argmax())
         prefill, t = time.perf_counter() - t, time.perf_counter()
         for _ in range(n):
-            token = int(target.feed([token])[-1].argmax())
+            token = int(cursor.feed([token])[-1].argmax())
         return prefill, (time.perf_counter() - t) / n
 
     runs = {"onnxruntime-genai": genai, "specedge, 1 row": lambda p: specedge(p, 1),

@@ -2,7 +2,7 @@
 an int32 product, then row scale x column scale): is one row bitwise equal to the same row in a multi-row
 call, and the ms per 1536x8960 layer for 1 / 2 / 5 / 8 rows, over a chain of 20 distinct layers.
 B_RANGE 127 is full int8; 63 and 7 avoid the int16 saturation of AVX2's u8 x s8 instruction.
-    python scripts/int4_step_gap/int8_matmulinteger.py"""
+    python experiments/int4_step_gap/int8_matmulinteger.py"""
 import time
 
 import numpy as np

@@ -1,5 +1,5 @@
 """Node count and MatMulNBits ms per weight shape (K, N) in one single step of each graph, alternating, under
-onnxruntime's profiler (which slows both, and small nodes most).   python scripts/int4_step_gap/profile_ab.py GENAI_DIR BUNDLE"""
+onnxruntime's profiler (which slows both, and small nodes most).   python experiments/int4_step_gap/profile_ab.py GENAI_DIR BUNDLE"""
 import collections
 import json
 import os
@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-import specedge.runtime.step_model as step_model
+from specedge.runtime.backends import open_backend
+from specedge.runtime.backends.base import SlotCursor
 from _genai_graph import genai_step
 
 PAST, RUNS = 100, 10
@@ -21,14 +22,11 @@ def profiled(options: ort.SessionOptions, prefix: str) -> ort.SessionOptions:
 
 
 genai_session, genai = genai_step(sys.argv[1], past=PAST, options=profiled(ort.SessionOptions(), "/tmp/ab_genai"))
-plain_options = step_model.session_options
-step_model.session_options = lambda threads: profiled(plain_options(threads), "/tmp/ab_ours")
 bundle = Path(sys.argv[2])
 manifest = json.loads((bundle / "manifest.json").read_text())
 entry = manifest["models"]["target"]
-step = step_model.StepModel(bundle / entry["file"], entry, manifest["max_seq_len"], manifest["vocab_size"], 16)
-if step.pads_rows:
-    step.min_rows = 1
+backend = open_backend("cpu", bundle / entry["file"], entry, manifest["max_seq_len"], max_step=16, profile="/tmp/ab_ours")
+step = SlotCursor(backend)
 ids = np.random.default_rng(0).integers(100, 20000, PAST + 1).tolist()
 step.feed(ids[:PAST], last=1)
 for _ in range(RUNS):
@@ -59,7 +57,7 @@ def summary(path: str) -> tuple[dict, float, int]:
             float(np.median([r["dur"] for r in runs])) / 1e3, node_count)
 
 
-for name, path in (("onnxruntime-genai", genai_session.end_profiling()), ("specedge", step.session.end_profiling())):
+for name, path in (("onnxruntime-genai", genai_session.end_profiling()), ("specedge", backend.session.end_profiling())):
     shapes, total, count = summary(path)
     print(f"{name}: {count} nodes, step {total:.1f} ms, MatMulNBits {sum(shapes.values()):.1f} ms: "
           + ", ".join(f"K,N={k},{n} {ms:.2f}" for (k, n), ms in sorted(shapes.items())))

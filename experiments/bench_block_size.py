@@ -2,7 +2,7 @@
 (asymmetric, as specedge quantizes, or symmetric, as onnxruntime-genai's builder does), with the weights
 far beyond L3: a chain of 40 distinct 1536x8960 layers (~350 MB), as a real model streams them.
 
-    python scripts/bench_block_size.py [--blocks 32,64,128] [--symmetric]     # needs the machine to itself
+    python experiments/bench_block_size.py [--blocks 32,64,128] [--symmetric]     # needs the machine to itself
 """
 import argparse
 import time

@@ -1,0 +1,93 @@
+"""`specedge bench --batch 1,2,4,8`: every configuration at every batch size, B requests at once, interleaved.
+
+At each batch size B the same B prompts (the prompt list cycled) are submitted together and run as rows of one
+batch; aggregate throughput is all their new tokens over the wall time until the last one ends. Configurations
+run alternately within each repeat so machine drift hits all alike; medians over repeats are reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from specedge.bench.runner import config_options, machine_info
+from specedge.errors import OptionError
+from specedge.runtime.memory import memory_report
+from specedge.runtime.stats import GenerationStats
+
+
+def parse_batches(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise OptionError(f"--batch: expected comma-separated integers, got '{text}'") from None
+    if not sizes or sizes[0] < 1:
+        raise OptionError(f"--batch: sizes must be >= 1, got '{text}'")
+    return sizes
+
+
+def run_together(gen, prompts: list[dict], batch: int, options: dict, seed: int | None):
+    """B requests submitted at once (the worker admits them together) -> (results, wall seconds)."""
+    rows = [prompts[j % len(prompts)] for j in range(batch)]
+    t = time.perf_counter()
+    with gen.scheduler.wake:                                   # hold the worker until all B are queued
+        streams = [gen.stream(row["prompt"], chat=row.get("chat", False), **options,
+                              seed=None if seed is None else seed + j) for j, row in enumerate(rows)]
+    results = [s.wait() for s in streams]
+    return results, time.perf_counter() - t
+
+
+def run_batch_bench(gen, prompts: list[dict], configs: list[str], sizes: list[int], max_new_tokens: int = 128,
+                    temperature: float = 0.0, seed: int | None = None, repeat: int = 1, progress=None) -> dict:
+    if "target" not in configs:
+        configs = ["target"] + configs
+    if max(sizes) > gen.max_batch:
+        raise OptionError(f"batch {max(sizes)} exceeds the generator's max_batch {gen.max_batch}")
+    for name in configs:
+        gen.options(**config_options(name))
+    base = dict(max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=True)
+    for name in configs:                                       # warm-up, excluded
+        run_together(gen, prompts, max(sizes), {**base, **config_options(name), "max_new_tokens": 8}, seed)
+    runs = {(b, name): [] for b in sizes for name in configs}
+    total, done = repeat * len(sizes) * len(configs), 0
+    for r in range(repeat):
+        for b in sizes:
+            for name in configs:
+                events_before = len(gen.scheduler.events)
+                calls_before = gen.counters.get("target_calls", 0)
+                results, wall = run_together(gen, prompts, b, {**base, **config_options(name)}, seed)
+                events = list(gen.scheduler.events)[events_before:] if events_before < gen.scheduler.events.maxlen else []
+                runs[(b, name)].append({"results": results, "wall_s": wall, "events": events,
+                                        "target_calls": gen.counters.get("target_calls", 0) - calls_before})
+                done += 1
+                if progress:
+                    progress(done, total, f"repeat {r + 1}/{repeat}, batch {b}, {name}")
+    table = {}
+    for b in sizes:
+        table[str(b)] = {name: _summary(runs[(b, name)], runs[(b, "target")], temperature == 0.0) for name in configs}
+        base_tps = table[str(b)]["target"]["aggregate_tok_per_s"]
+        for entry in table[str(b)].values():
+            entry["speedup"] = entry["aggregate_tok_per_s"] / base_tps if base_tps else 0.0
+    return {"batches": table, "sizes": sizes, "configs": configs, "machine": machine_info(gen),
+            "memory": memory_report(gen.manifest, gen.max_batch),
+            "bundle": {"path": str(gen.path), "max_draft": gen.max_draft},
+            "settings": {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
+                         "repeat": repeat, "prompts": len(prompts)}}
+
+
+def _summary(runs: list[dict], target_runs: list[dict], greedy: bool) -> dict:
+    aggregate = [sum(res.stats.new_tokens for res in run["results"]) / run["wall_s"] for run in runs]
+    stats = GenerationStats.combine([res.stats for run in runs for res in run["results"]])
+    per_sequence = [res.stats.tokens_per_s for run in runs for res in run["results"]]
+    ks = [k for run in runs for event in run["events"] for k in [max(event.k, default=0)]]
+    identical = None
+    if greedy:
+        identical = all(a.tokens == t.tokens for run, trun in zip(runs, target_runs)
+                        for a, t in zip(run["results"], trun["results"]))
+    return {"aggregate_tok_per_s": statistics.median(aggregate), "aggregate_tok_per_s_per_repeat": aggregate,
+            "per_sequence_tok_per_s": statistics.median(per_sequence),
+            "mean_accepted_length": stats.mean_accepted_length,
+            "acceptance_per_position": stats.acceptance_per_position,
+            "k_mean": statistics.mean(ks) if ks else 0.0, "k_per_step": ks[:512],
+            "target_calls": statistics.median(run["target_calls"] for run in runs),
+            "identical_to_target": identical}

@@ -1,0 +1,105 @@
+"""The backend interface, the host-side row padding every backend shares, and a one-slot cursor.
+
+A call carries B rows, the slots lo .. lo + B - 1 of the static KV buffers. Row b brings tokens[b] to be
+written at positions starts[b] .. (consecutive) and wants its last `last[b]` rows back. Rows are
+right-padded to a common T by repeating their last token at the following positions (a dummy row, with
+no tokens, writes token 0 at starts[b]): every slot at or beyond a row's committed length is scratch,
+masked for earlier positions and rewritten before it is read, so pad K/V costs nothing but compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class PaddedCall:
+    """One call's inputs, laid out for the graph."""
+    ids: np.ndarray           # int64 [B, T]
+    positions: np.ndarray     # int64 [B, T]
+    logit_rows: np.ndarray    # int64 [B, n]: row b's wanted rows are its last last[b] columns
+    last: list[int]
+
+
+def pad_call(starts, tokens, last, min_rows: int, ids: np.ndarray, positions: np.ndarray,
+             logit_rows: np.ndarray) -> PaddedCall:
+    """Lays a call out in the given scratch (flat int64 buffers, large enough): T = the longest row, n = the most
+    rows wanted; a lone one-token call grows to min_rows rows (and logit rows), see ModelBackend.min_rows."""
+    b = len(starts)
+    t = max(1, max(len(row) for row in tokens))
+    n = max(1, max(last))
+    if b * t < min_rows:
+        t = min_rows
+    if b * n < min_rows:
+        n = min_rows
+    ids, positions, logit_rows = ids[: b * t].reshape(b, t), positions[: b * t].reshape(b, t), logit_rows[: b * n].reshape(b, n)
+    for r, (start, row, want) in enumerate(zip(starts, tokens, last)):
+        m = len(row)
+        ids[r, :m] = row
+        ids[r, m:] = row[-1] if m else 0
+        positions[r] = np.arange(start, start + t)
+        first = max(m - max(want, 1), 0)                 # a row that wants nothing still names a real row
+        logit_rows[r, : n - want] = first                   # duplicates of the first wanted row, dropped
+        logit_rows[r, n - want:] = np.arange(first, first + want)
+    return PaddedCall(ids, positions, logit_rows, list(last))
+
+
+class ModelBackend:
+    """One model's step graph with KV buffers for max_batch slots, allocated once.
+
+    min_rows: rows a lone single-token call runs as (1 or 2). Quantized MatMulNBits takes another kernel for
+    one row on some CPUs, whose results differ in the last bits from the multi-row kernel; at 2, a lone token is
+    run with a copy of itself at the next position, so its row equals the same token's row in a verify call.
+    """
+
+    name = "base"
+    max_seq_len: int
+    max_batch: int
+    max_step: int
+    kv_slots: int
+    vocab_columns: int
+    min_rows: int = 1
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raises ImportError (a missing package) or RuntimeError (no device, driver, ...) if it cannot run."""
+
+    def run(self, starts, tokens, last, lo: int = 0, want: str = "logits") -> list[np.ndarray]:
+        """Rows lo .. lo + len(starts) - 1 -> per row its last last[b] logits [last_b, V] ("logits": views valid
+        until the next call) or argmax ids [last_b] ("ids")."""
+        raise NotImplementedError
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        """Copies the first `length` positions of slot src's K/V into slot dst (compaction when a row leaves)."""
+        raise NotImplementedError
+
+    @property
+    def kv_slot_bytes(self) -> int:
+        raise NotImplementedError
+
+
+class SlotCursor:
+    """One sequence in one slot: a position counter over a backend (tests, export checks, probes)."""
+
+    def __init__(self, backend: ModelBackend, slot: int = 0):
+        self.backend, self.slot, self.pos = backend, slot, 0
+
+    def feed(self, tokens, last: int | None = None, want: str = "logits") -> np.ndarray:
+        """Appends tokens after `pos` (chunks of max_step) and advances `pos`; -> the last `last` rows of the last
+        chunk (default: all of it). Earlier chunks return one row each, unused."""
+        tokens = list(tokens)
+        if self.pos + len(tokens) > self.backend.max_seq_len:
+            raise ValueError(f"{self.pos} + {len(tokens)} tokens exceed max_seq_len {self.backend.max_seq_len}")
+        out, at = None, 0
+        while at < len(tokens):
+            chunk = tokens[at: at + self.backend.max_step]
+            at += len(chunk)
+            n = (last or len(chunk)) if at >= len(tokens) else 1
+            out = self.backend.run([self.pos], [chunk], [n], lo=self.slot, want=want)[0]
+            self.pos += len(chunk)
+        return out
+
+    def feed_ids(self, tokens, last: int | None = None) -> np.ndarray:
+        return self.feed(tokens, last, want="ids")

@@ -1,0 +1,135 @@
+"""onnxruntime's CPU execution provider, with zero-copy KV buffers in host memory.
+
+KV buffers: per layer one numpy array [max_batch, H_kv, slots, D] for K and one for V, allocated at load.
+A call over slots lo .. lo + B - 1 binds past_* and present_* to the same OrtValue over that contiguous range
+of the buffer (a view: the batch axis leads, so no copy), and the graph writes the new K/V in place. One
+IOBinding per slot range keeps those KV bindings; per call only the small inputs and the outputs are rebound,
+and only when the call's shape changes. Running B active rows under max_batch N therefore costs what the same
+rows cost under max_batch B: the graph only ever sees [B, ...] tensors.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from specedge.errors import BundleError, OptionError
+from specedge.runtime.backends.base import ModelBackend, pad_call
+
+ORT_TYPES = {"int64": "tensor(int64)", "float32": "tensor(float)"}
+
+
+def session_options(threads: int | None, profile: str | None = None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads or os.cpu_count() or 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    if profile:                                   # onnxruntime's own per-node profile (scripts use it)
+        options.enable_profiling = True
+        options.profile_file_prefix = profile
+    return options
+
+
+def check_io(session, entry: dict, path: Path) -> None:
+    """The graph's inputs and outputs must be exactly what the manifest says (names and dtypes)."""
+    for kind, declared, actual in (("input", entry["io"]["inputs"], session.get_inputs()),
+                                   ("output", entry["io"]["outputs"], session.get_outputs())):
+        found = {value.name: value.type for value in actual}
+        if set(found) != set(declared):
+            extra, missing = sorted(set(found) - set(declared)), sorted(set(declared) - set(found))
+            raise BundleError(f"{path}: the graph's {kind}s differ from the manifest's (graph only: "
+                              f"{', '.join(extra[:4]) or '-'}; manifest only: {', '.join(missing[:4]) or '-'}); "
+                              "re-export the bundle")
+        for name, tensor in declared.items():
+            if ORT_TYPES.get(tensor.get("dtype")) != found[name]:
+                raise BundleError(f"{path}: {kind} {name} is {found[name]} in the graph but "
+                                  f"{tensor.get('dtype')} in the manifest; re-export the bundle")
+
+
+class CpuBackend(ModelBackend):
+    name = "cpu"
+
+    @classmethod
+    def check_available(cls) -> None:
+        import onnxruntime as ort
+
+        if "CPUExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError("onnxruntime has no CPU execution provider")
+
+    def __init__(self, path: Path, entry: dict, max_seq_len: int, max_batch: int = 1, threads: int | None = None,
+                 max_step: int = 64, profile: str | None = None):
+        import onnxruntime as ort
+
+        self._ort = ort
+        if entry.get("max_batch") is not None and max_batch > entry["max_batch"]:
+            raise OptionError(f"the {entry['graph_variant']} graph runs {entry['max_batch']} row per call; "
+                              f"max_batch {max_batch} needs a bundle exported with --attention standard")
+        try:
+            self.session = ort.InferenceSession(str(path), session_options(threads, profile),
+                                                providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime raises its own untyped errors for bad files
+            raise BundleError(f"{path}: cannot load model ({str(err).splitlines()[0]})") from err
+        check_io(self.session, entry, path)
+        kv = entry["kv"]
+        self.max_seq_len, self.max_batch, self.max_step = max_seq_len, max_batch, max_step
+        self.kv_slots, self.num_layers = kv["slots"], kv["num_layers"]
+        self.vocab_columns = entry.get("logit_rows", entry["spec"]["vocab_size"])
+        self.kv_names = entry["io"]["kv"]                                   # [[past_k, past_v, present_k, present_v]]
+        shape = (max_batch, kv["num_kv_heads"], self.kv_slots, kv["head_dim"])       # [N, H_kv, S, D]
+        self.keys = [np.zeros(shape, np.float32) for _ in range(self.num_layers)]
+        self.values = [np.zeros(shape, np.float32) for _ in range(self.num_layers)]
+        # scratch for the largest call: every row at max_step tokens
+        rows = max_batch * max(max_step, 2)
+        self._ids, self._positions, self._logit_rows = (np.zeros(rows, np.int64) for _ in range(3))
+        self._logits = np.empty(rows * self.vocab_columns, np.float32)
+        self._out_ids = np.empty(rows, np.int64)
+        self._bindings: dict[tuple[int, int], list] = {}                    # (lo, B) -> [binding, kv values, shape]
+
+    @property
+    def kv_slot_bytes(self) -> int:
+        return 2 * sum(k[0].nbytes for k in self.keys)
+
+    def _binding(self, lo: int, b: int) -> list:
+        """The IOBinding for slots lo .. lo + b - 1, its KV bound once (past and present: one OrtValue)."""
+        entry = self._bindings.get((lo, b))
+        if entry is None:
+            binding, values = self.session.io_binding(), []
+            for (past_k, past_v, present_k, present_v), k, v in zip(self.kv_names, self.keys, self.values):
+                for past, present, buf in ((past_k, present_k, k), (past_v, present_v, v)):
+                    value = self._ort.OrtValue.ortvalue_from_numpy(buf[lo: lo + b])   # a view: zero-copy
+                    values.append(value)                                            # keeps it alive
+                    binding.bind_ortvalue_input(past, value)
+                    binding.bind_ortvalue_output(present, value)
+            entry = self._bindings[(lo, b)] = [binding, values, None]
+        return entry
+
+    def run(self, starts, tokens, last, lo: int = 0, want: str = "logits") -> list[np.ndarray]:
+        b = len(starts)
+        assert 0 <= lo and lo + b <= self.max_batch, (lo, b, self.max_batch)
+        call = pad_call(starts, tokens, last, self.min_rows, self._ids, self._positions, self._logit_rows)
+        t, n = call.ids.shape[1], call.logit_rows.shape[1]
+        assert max(starts) + t <= self.kv_slots, (starts, t, self.kv_slots)
+        entry = self._binding(lo, b)
+        binding = entry[0]
+        if entry[2] != (t, n):                       # rebind the small tensors only when the call's shape changes
+            binding.bind_input("input_ids", "cpu", 0, np.int64, [b, t], self._ids.ctypes.data)
+            binding.bind_input("position_ids", "cpu", 0, np.int64, [b, t], self._positions.ctypes.data)
+            binding.bind_input("logit_rows", "cpu", 0, np.int64, [b, n], self._logit_rows.ctypes.data)
+            binding.bind_output("logits", "cpu", 0, np.float32, [b, n, self.vocab_columns], self._logits.ctypes.data)
+            binding.bind_output("ids", "cpu", 0, np.int64, [b, n], self._out_ids.ctypes.data)
+            entry[2] = (t, n)
+        self.session.run_with_iobinding(binding)
+        if want == "ids":
+            out = self._out_ids[: b * n].reshape(b, n)
+        else:
+            out = self._logits[: b * n * self.vocab_columns].reshape(b, n, self.vocab_columns)
+        return [out[r, n - want_r:] if want_r else out[r, :0] for r, want_r in enumerate(call.last)]
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        for buf in (*self.keys, *self.values):
+            buf[dst, :, :length] = buf[src, :, :length]

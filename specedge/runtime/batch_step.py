@@ -1,0 +1,182 @@
+"""One speculative step for every decoding row: draft calls shared by the rows, one verify call, accept per row.
+
+Rows are sequences in slots 0 .. hi - 1 of both models' buffers; each call carries the whole slot range, and a
+row with nothing to do in a call (it drafts fewer tokens, or is still being prefilled) rides along as a dummy
+row written into its own scratch slots. Each row's result depends only on its own tokens: the graphs' rows are
+independent of the batch and of the row count (tested), so a sequence's tokens in a batch equal its tokens alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specedge.runtime.backends.base import ModelBackend
+from specedge.runtime.drafters import lookup_for, one_hot
+from specedge.runtime.sampling import draw
+from specedge.runtime.sequences import Sequence
+from specedge.runtime.verify import accept_greedy_ids, accept_sampled
+
+
+@dataclass
+class Models:
+    target: ModelBackend
+    draft: ModelBackend | None
+    head_ids: np.ndarray | None     # [columns]: token id of each draft logit column (a lighter head), or None
+    vocab_size: int
+    max_seq_len: int
+    max_draft: int
+
+
+@dataclass
+class StepRecord:
+    """What one step did, for the policies, bench and the server: one per decode step."""
+    batch: int
+    k: list[int]                    # drafts per row
+    accepted: list[int]             # accepted drafts per row
+    rejections: list[dict] = field(default_factory=list)   # at each row's first rejection
+    draft_calls: int = 0
+    draft_s: float = 0.0            # wall time of the draft phase (calls + host work)
+    verify_s: float = 0.0           # wall time of the verify phase (call + acceptance + commit bookkeeping)
+    model_s: float = 0.0            # time inside backend calls
+    verify_tokens: int = 0          # B x T of the verify call
+    predicted: float | None = None  # expected accepted drafts, as the policy predicted them
+
+
+def _timed(fn, *args, **kwargs):
+    t = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t
+
+
+def catch_up(m: Models, s: Sequence) -> float:
+    """A draft more than two tokens behind (skipped steps) is fed alone, all but the last missing token, so that
+    the shared draft calls stay short (T <= 2) and within every row's headroom. -> seconds in calls."""
+    behind = s.tokens[s.dft_pos:-1]
+    spent = 0.0
+    while behind:
+        chunk = behind[: m.draft.max_step]
+        behind = behind[len(chunk):]
+        _, seconds = _timed(m.draft.run, [s.dft_pos], [chunk], [0], lo=s.slot, want="ids")
+        spent += seconds
+        s.dft_pos += len(chunk)
+    return spent
+
+
+def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: StepRecord):
+    """-> per row (by id): drafts, q [n, V] or None (greedy), draft confidences (early stop), draft calls taken.
+    One draft call per draft position for all rows that still draft."""
+    drafts = {id(s): lookup_for(s.drafter, s.tokens, s.k) if s.k else [] for s in rows}
+    q_rows = {id(s): [] for s in rows}
+    live = [s for s in rows if s.k and s.uses_draft_model and not drafts[id(s)]]
+    for s in live:
+        if len(s.tokens) - s.dft_pos > 2:
+            record.model_s += catch_up(m, s)
+    confidences = {id(s): [] for s in live}
+    calls = {id(s): 0 for s in live}           # draft-model calls each row took part in
+    step = 0
+    while live:
+        feed = {id(s): (s.tokens[s.dft_pos:] if step == 0 else drafts[id(s)][-1:]) for s in live}
+        sampled = any(not s.warp.greedy for s in live)
+        hi = max(s.slot for s in live) + 1
+        starts = [seq.dft_pos for seq in span[:hi]]
+        tokens = [feed.get(id(seq), []) for seq in span[:hi]]
+        out, seconds = _timed(m.draft.run, starts, tokens, [1 if t else 0 for t in tokens],
+                              want="logits" if sampled or any(s.policy.early_stop for s in live) else "ids")
+        record.model_s += seconds
+        record.draft_calls += 1
+        still = []
+        for s in live:
+            s.dft_pos += len(feed[id(s)])
+            calls[id(s)] += 1
+            row = out[s.slot][-1]
+            if row.dtype == np.int64:
+                token, confidence = int(row), None
+            elif s.warp.greedy:
+                column = int(row.argmax())
+                token = column if m.head_ids is None else int(m.head_ids[column])
+                confidence = float(1.0 / np.exp(row - row[column]).sum()) if s.policy.early_stop else None
+            else:
+                q = s.warp.probs(row[None])[0]
+                column = draw(q, s.rng)
+                token = column if m.head_ids is None else int(m.head_ids[column])
+                q_rows[id(s)].append(q if m.head_ids is None else _full_vocab(q, m.head_ids, m.vocab_size))
+                confidence = float(q[column])
+            drafts[id(s)].append(token)
+            if s.policy.early_stop:
+                confidences[id(s)].append(confidence)
+            done = len(drafts[id(s)]) >= s.k or (s.policy.early_stop and not s.policy.keep_drafting(confidences[id(s)]))
+            if not done:
+                still.append(s)
+        live, step = still, step + 1
+    q = {}
+    for s in rows:
+        d = drafts[id(s)]
+        if s.warp.greedy or not d:
+            q[id(s)] = None
+        else:
+            q[id(s)] = np.stack(q_rows[id(s)]) if q_rows[id(s)] else one_hot(d, m.vocab_size)
+    return drafts, q, confidences, calls
+
+
+def _full_vocab(q: np.ndarray, head_ids: np.ndarray, vocab_size: int) -> np.ndarray:
+    full = np.zeros(vocab_size, q.dtype)                 # [V]: zero outside the head's tokens
+    full[head_ids] = q
+    return full
+
+
+def speculative_step(m: Models, rows: list[Sequence], span: list[Sequence]) -> tuple[StepRecord, dict]:
+    """rows: the decoding sequences, each with its k set; span: the sequence in each slot 0 .. len - 1.
+    -> (the step's record, {id(row): committed tokens}) with every row's positions advanced."""
+    record = StepRecord(batch=len(rows), k=[], accepted=[])
+    # 1. draft: lookups, then up to max k shared draft calls
+    t0 = time.perf_counter()
+    drafts, q, confidences, calls = draft_phase(m, rows, span, record) if any(s.k for s in rows) else ({}, {}, {}, {})
+    t1 = time.perf_counter()
+    record.draft_s = t1 - t0
+    # 2. verify: one target call, row b = [pending token, its drafts] at its committed length
+    hi = max(s.slot for s in rows) + 1
+    by_slot = {s.slot: s for s in rows}
+    starts = [seq.tgt_pos for seq in span[:hi]]
+    tokens = [seq.tokens[seq.tgt_pos:] + drafts.get(id(seq), []) if seq.slot in by_slot else [] for seq in span[:hi]]
+    last = [len(drafts.get(id(seq), [])) + 1 if seq.slot in by_slot else 0 for seq in span[:hi]]
+    greedy = all(s.warp.greedy for s in rows)
+    out, seconds = _timed(m.target.run, starts, tokens, last, want="ids" if greedy else "logits")
+    record.model_s += seconds
+    record.verify_tokens = hi * max(len(t) for t in tokens)
+    # 3. accept: the target decides every token; 4. rewind: positions only, stale slots are scratch
+    committed = {}
+    for s in rows:
+        d, rows_out = drafts.get(id(s), []), out[s.slot]
+        p = None
+        if rows_out.dtype == np.int64:
+            n, token = accept_greedy_ids(d, rows_out)
+        elif s.warp.greedy:
+            n, token = accept_greedy_ids(d, rows_out.argmax(axis=-1))
+        elif not d:
+            n, token = 0, draw(s.warp.probs(rows_out[-1:])[0], s.rng)
+        else:
+            p = s.warp.probs(rows_out)
+            n, token = accept_sampled(d, q[id(s)], p, s.rng)
+        if n < len(d):
+            rejection = {"slot": s.slot, "position": n + 1, "draft_token": d[n], "target_token": token}
+            if p is not None:
+                rejection.update(p_draft=float(p[n, d[n]]), q_draft=float(q[id(s)][n, d[n]]))
+            record.rejections.append(rejection)
+        s.tgt_pos += 1 + n
+        s.dft_pos = min(s.dft_pos, s.tgt_pos)
+        if d and s.policy.early_stop:
+            s.policy.observe_confidences(confidences.get(id(s), []), n)
+        s.stats.record_step(len(d), n, d, token)
+        s.stats.n_target_calls += 1
+        s.stats.n_draft_calls += calls.get(id(s), 0)
+        record.k.append(len(d))
+        record.accepted.append(n)
+        committed[id(s)] = d[:n] + [token]
+    record.verify_s = time.perf_counter() - t1
+    for s in rows:
+        s.stats.draft_s += record.draft_s
+        s.stats.verify_s += record.verify_s
+    return record, committed

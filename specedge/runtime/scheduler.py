@@ -1,0 +1,204 @@
+"""Continuous batching: sequences join and leave between steps; one thread at a time runs the models.
+
+Each iteration: retire finished and cancelled sequences (freeing their slots), admit waiting ones into free
+slots, prefill ONE chunk of the oldest joining sequence (so no running sequence stalls longer than one chunk),
+then one speculative step for every decoding sequence (batch_step.py). Active sequences always occupy slots
+0 .. n - 1: when one leaves, the sequence in the highest slot moves into the hole (its K/V copied once, up to
+its committed length), so every call binds one contiguous range of the buffers and never copies KV per step.
+
+Who runs the iterations: by default the callers themselves. A caller waiting for its sequence's next tokens
+runs one iteration for every sequence if no other thread is running one (`pump`), else waits until that one
+is done. A lone caller thus drives its own request with no thread hand-off per step (on a 2-core CPU a
+hand-off to a waiting thread cost ~3 ms a step while onnxruntime's threads spin), and concurrent callers
+take turns driving one shared batch. With `background=True` a worker thread drives instead (a server).
+Callers only touch `submit` (a bounded queue: QueueFull when full), `pump`, and a sequence's `cancelled`
+event and outbox.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+
+from specedge.errors import SpecedgeError
+from specedge.runtime.batch_step import Models, StepRecord, speculative_step
+from specedge.runtime.sampling import draw
+from specedge.runtime.sequences import GenerationResult, Sequence
+
+PREFILL_CHUNK = 64
+EVENTS_KEPT = 4096
+
+
+class QueueFull(SpecedgeError):
+    """Every slot is busy and the waiting queue is full (the server answers 429)."""
+
+
+class Scheduler:
+    def __init__(self, models: Models, max_batch: int, max_queue: int, decode):
+        self.m, self.max_batch, self.max_queue, self.decode_ids = models, max_batch, max_queue, decode
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []                     # running[i].slot == i
+        self.wake = threading.Condition(threading.RLock())      # submissions, and "an iteration finished"
+        self.drive = threading.Lock()                           # held by the thread running an iteration
+        self.background = False
+        self.events: deque[StepRecord] = deque(maxlen=EVENTS_KEPT)
+        self.counters = Counter()                             # target_calls, draft_calls, steps, prefill_chunks
+
+    # -- callers' side --------------------------------------------------------------------------
+    def submit(self, seq: Sequence) -> None:
+        with self.wake:
+            if len(self.running) + len(self.waiting) >= self.max_batch + self.max_queue:
+                raise QueueFull(f"the queue is full ({self.max_batch} running, {self.max_queue} waiting); retry later")
+            self.waiting.append(seq)
+            self.wake.notify()
+
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def pump(self, seq: Sequence) -> None:
+        """Progress for a caller whose sequence has nothing to read: one iteration if nobody else is running one,
+        else a wait until the running one is done (then the caller looks again)."""
+        if self.drive.acquire(blocking=False):
+            try:
+                if seq.outbox.empty():
+                    self.iterate()
+            finally:
+                self.drive.release()
+                with self.wake:
+                    self.wake.notify_all()
+            return
+        with self.wake:
+            if seq.outbox.empty() and self.drive.locked():
+                self.wake.wait(timeout=1.0)
+
+    # -- the worker's side ----------------------------------------------------------------------
+    def iterate(self) -> None:
+        self._retire()
+        self._admit()
+        joining = [s for s in self.running if s.prefilled < len(s.prompt_ids)]
+        if joining:
+            self._guard(joining[:1], self._prefill_chunk, joining[0])
+        decoding = [s for s in self.running if s.prefilled == len(s.prompt_ids) and not s.done]
+        if decoding:
+            self._guard(decoding, self._decode_step, decoding)
+        self._retire()
+
+    def _guard(self, seqs: list[Sequence], fn, *args) -> None:
+        """A failing call ends the sequences it carried with the error; the others and the worker go on."""
+        try:
+            fn(*args)
+        except Exception as err:  # noqa: BLE001 - whatever a backend raises is reported to its callers
+            for s in seqs:
+                if not s.done:
+                    s.done = True
+                    s.outbox.put(("error", err if isinstance(err, SpecedgeError) else
+                                  SpecedgeError(f"generation failed: {type(err).__name__}: {err}")))
+
+    def _admit(self) -> None:
+        with self.wake:
+            for seq in [s for s in self.waiting if s.cancelled.is_set()]:     # cancelled before they ran
+                self.waiting.remove(seq)
+                self._finish(seq, "cancelled")
+            while self.waiting and len(self.running) < self.max_batch:
+                seq = self.waiting.popleft()
+                seq.slot = len(self.running)
+                self.running.append(seq)
+
+    def _retire(self) -> None:
+        for seq in list(self.running):
+            if seq.cancelled.is_set() and not seq.done:
+                self._finish(seq, "cancelled")
+        keep = [s for s in self.running if not s.done]
+        if len(keep) == len(self.running):
+            return
+        for new_slot, seq in enumerate(keep):              # compaction: move into the holes, lowest first
+            if seq.slot != new_slot:
+                self.m.target.move_slot(seq.slot, new_slot, seq.tgt_pos)
+                if self.m.draft is not None:
+                    self.m.draft.move_slot(seq.slot, new_slot, seq.dft_pos)
+                seq.slot = new_slot
+        self.running = keep
+
+    def _prefill_chunk(self, s: Sequence) -> None:
+        """The next chunk of s's prompt into both models (the draft only if it drafts with the model)."""
+        chunk = s.prompt_ids[s.prefilled: s.prefilled + PREFILL_CHUNK]
+        final = s.prefilled + len(chunk) == len(s.prompt_ids)
+        t = time.perf_counter()
+        out = self.m.target.run([s.prefilled], [chunk], [1], lo=s.slot, want="ids" if s.warp.greedy else "logits")[0]
+        if s.uses_draft_model and self.m.draft is not None:
+            self.m.draft.run([s.prefilled], [chunk], [0], lo=s.slot, want="ids")
+            s.dft_pos = s.prefilled + len(chunk)
+        self.counters["prefill_chunks"] += 1
+        s.prefilled += len(chunk)
+        s.tgt_pos = s.prefilled
+        s.stats.prefill_s += time.perf_counter() - t
+        if final:
+            token = int(out[-1]) if s.warp.greedy else draw(s.warp.probs(out[-1:])[0], s.rng)
+            self._commit(s, [token])
+
+    def _decode_step(self, rows: list[Sequence]) -> None:
+        self._choose_k(rows)
+        span = self.running[: max(s.slot for s in rows) + 1]
+        record, committed = speculative_step(self.m, rows, span)
+        predictions = [s.policy.expected_accepted(k) for s, k in zip(rows, record.k)]
+        if all(p is not None for p in predictions):
+            record.predicted = sum(predictions)
+        self.counters["steps"] += 1
+        self.counters["target_calls"] += 1
+        self.counters["draft_calls"] += record.draft_calls
+        policies = {id(s.policy): s.policy for s in rows if s.policy.shared}
+        for policy in policies.values():
+            policy.observe_costs(max(record.k), record.draft_s, record.verify_s, record.verify_tokens, len(rows))
+        for s, k, n in zip(rows, record.k, record.accepted):
+            if not s.policy.shared:
+                s.policy.observe_costs(k, record.draft_s, record.verify_s, record.verify_tokens, len(rows))
+            s.policy.observe_acceptance(k, n)
+        self.events.append(record)
+        for s in rows:
+            self._commit(s, committed[id(s)])
+
+    def _choose_k(self, rows: list[Sequence]) -> None:
+        """One k per shared policy for its rows (given the batch), each row's own policy otherwise; capped per row."""
+        caps = {id(s): s.k_cap(self.m.max_seq_len, self.m.max_draft) if s.drafter != "none" else 0 for s in rows}
+        shared: dict[int, int] = {}
+        for s in rows:
+            if s.policy.shared and id(s.policy) not in shared:
+                cap = max(caps[id(r)] for r in rows if r.policy is s.policy)
+                shared[id(s.policy)] = s.policy.next_k(cap, batch=len(rows)) if cap else 0
+            k = shared[id(s.policy)] if s.policy.shared else (s.policy.next_k(caps[id(s)]) if caps[id(s)] else 0)
+            s.k = min(k, caps[id(s)])
+
+    def _commit(self, s: Sequence, new: list[int]) -> None:
+        """Appends a step's tokens: cut at max_new_tokens and eos, decode, stop strings, hand them to the caller."""
+        new = new[: s.opts.max_new_tokens - s.n_new]
+        hit = next((i for i, t in enumerate(new) if t in s.eos_ids), None)
+        if hit is not None:
+            new = new[: hit + 1]
+        s.tokens += new
+        s.n_new += len(new)
+        piece = s.stops.push(s.decoder.push(new))
+        reason = None
+        if s.stops.stopped:
+            reason = "stop_string"
+        elif hit is not None:
+            reason = "eos"
+        elif s.n_new >= s.opts.max_new_tokens:
+            reason = "max_new_tokens"
+        elif s.tgt_pos + 1 > self.m.max_seq_len:               # no slot for the pending token
+            reason = "max_seq_len"
+        if reason and reason != "stop_string":
+            piece += s.stops.push(s.decoder.flush())
+            piece += s.stops.flush()
+        if s.on_token is not None:
+            s.on_token(new, piece)
+        s.outbox.put(("text", piece, new))
+        if reason:
+            self._finish(s, reason)
+
+    def _finish(self, s: Sequence, reason: str) -> None:
+        s.done = True
+        s.stats.stop_reason = reason
+        s.stats.new_tokens = s.n_new
+        s.stats.total_s = time.perf_counter() - s.started
+        s.outbox.put(("done", GenerationResult(s.stops.text, s.generated, len(s.prompt_ids), s.stats)))

@@ -1,0 +1,89 @@
+"""Per-request state: everything a request owns lives here, nothing on a model, backend or generator.
+
+A Sequence holds its KV slot (the same index in the target's and the draft's buffers), how many of its
+tokens each model holds (tgt_pos, dft_pos: K/V at or beyond them is scratch), its tokens, options, RNG,
+drafter and policy state, stats, its text decoder and the queue its caller reads.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specedge.runtime.sampling import Warp
+from specedge.runtime.stats import GenerationStats
+from specedge.runtime.text import IncrementalDecoder, StopStrings
+
+DRAFTERS = ("model", "ngram", "hybrid", "none")
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    k: int = 4                      # draft tokens per verify call when no policy is named; 0 = target alone
+    use_draft: bool = True          # False: the target alone
+    policy: str | None = None       # how many to draft: "fixed:K", "heuristic", "adaptive", "adaptive:stop",
+                                    # "target"; None: fixed k (the target alone when k = 0 or use_draft is False)
+    drafter: str = "model"          # who drafts: "model", "ngram" (prompt lookup), "hybrid", "none"
+    stop: tuple[str, ...] = ()
+    chat: bool = False
+    ignore_eos: bool = False        # run to max_new_tokens (benchmarks, tests)
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]               # generated ids (an eos id that ended the run included)
+    prompt_tokens: int
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+    def to_json(self, decode=None) -> dict:
+        return {"text": self.text, "tokens": self.tokens, "prompt_tokens": self.prompt_tokens,
+                "stats": self.stats.to_json(decode)}
+
+
+@dataclass
+class Sequence:
+    prompt_ids: list[int]
+    opts: GenerationOptions
+    warp: Warp
+    rng: np.random.Generator
+    policy: object                  # a Policy: the sequence's own, or one shared by the batch (adaptive)
+    drafter: str                    # "model", "ngram", "hybrid" or "none"
+    decoder: IncrementalDecoder
+    stops: StopStrings
+    eos_ids: frozenset
+    on_token: object = None         # callback(ids, text) per commit, on the scheduler's thread
+    slot: int = -1
+    tokens: list[int] = field(default_factory=list)     # prompt + generated; the last one is pending
+    tgt_pos: int = 0                # tokens whose K/V the target holds (committed)
+    dft_pos: int = 0                # ... the draft holds
+    prefilled: int = 0              # prompt tokens prefilled so far (both models)
+    n_new: int = 0
+    k: int = 0                      # this step's draft length
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    outbox: queue.Queue = field(default_factory=queue.Queue)   # ("text", piece, ids) ... ("done", result) | ("error", exc)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    done: bool = False
+    started: float = 0.0
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[len(self.prompt_ids):]
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.drafter in ("model", "hybrid")
+
+    def k_cap(self, max_seq_len: int, max_draft: int) -> int:
+        """The most drafts this sequence's next verify call may carry: room in the buffer (the call writes the
+        pending token + k), tokens still wanted (the target adds one of its own)."""
+        room = max_seq_len - self.tgt_pos - 1
+        return max(0, min(max_draft, self.opts.max_new_tokens - self.n_new - 1, room))

@@ -1,0 +1,63 @@
+"""The caller's end of a request: an iterator of text pieces, then the result; closing it cancels the request."""
+
+from __future__ import annotations
+
+import queue
+
+from specedge.runtime.sequences import GenerationResult, Sequence
+
+
+class Stream:
+    """Iterate for text pieces as tokens are committed; `result` holds the GenerationResult once it ends.
+    `cancel()` (or `close()`, or leaving a `with` block, or dropping the iterator early) ends the request:
+    its slot is free at the next step boundary, and the result's stop_reason is "cancelled"."""
+
+    def __init__(self, seq: Sequence, scheduler):
+        self._seq, self._scheduler = seq, scheduler
+        self.result: GenerationResult | None = None
+        self.tokens: list[int] = []                 # ids received so far
+        self._error: Exception | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        while self.result is None and self._error is None:
+            try:
+                kind, *payload = self._seq.outbox.get(block=self._scheduler.background)
+            except queue.Empty:
+                self._scheduler.pump(self._seq)          # drive the batch, or wait for whoever drives it
+                continue
+            if kind == "text":
+                piece, ids = payload
+                self.tokens += ids
+                if piece:
+                    return piece
+            elif kind == "done":
+                self.result = payload[0]
+            else:
+                self._error = payload[0]
+                raise self._error
+        raise StopIteration
+
+    def wait(self) -> GenerationResult:
+        """Drains the stream -> the result."""
+        for _ in self:
+            pass
+        return self.result
+
+    def cancel(self) -> None:
+        self._seq.cancelled.set()
+
+    close = cancel
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.result is None and self._error is None:
+            self.cancel()
+
+    def __del__(self):
+        if self.result is None and not self._seq.done:
+            self._seq.cancelled.set()

@@ -1,0 +1,234 @@
+"""Runtime v2: sequences in one batch get exactly their solo tokens; threads, cancellation, queue, errors."""
+
+import json
+import shutil
+import threading
+
+import pytest
+
+import tiny_models as tm
+from conftest import ARCHS, TARGET_ROWS, _export
+from specedge.errors import BundleError, OptionError, SpecedgeError
+from specedge.runtime import QueueFull, load
+
+# prompts of different lengths (one longer than a prefill chunk), and different lengths to generate, so rows
+# carry different k caps and leave the batch at different steps (slots get compacted)
+PROMPTS = ["def f(x):", "class LRUCache:\n    def __init__(self):\n", "x" * 70 + " = 1\n", "import os\n"]
+NEW_TOKENS = [12, 40, 25, 33]
+
+
+@pytest.fixture(scope="module")
+def batch_bundles(workdir, standard_bundles):
+    """Per architecture: a target and a perturbed copy as draft (accepts often), batched attention."""
+    tok = tm.byte_tokenizer()
+    bundles = {"qwen2": standard_bundles["qwen2"], "qwen2-int4": standard_bundles["qwen2-int4"]}
+    for arch in ARCHS[1:]:
+        target = tm.make_model(arch, TARGET_ROWS, seed=1)
+        bundles[arch] = _export(workdir, f"{arch}-batch", target, tm.perturbed(target, seed=3, noise=0.02), tok,
+                                attention="standard")
+    return bundles
+
+
+def _together(gen, requests):
+    """Submits every (prompt, options) at once, so the worker admits them into one batch -> results."""
+    with gen.scheduler.wake:
+        streams = [gen.stream(prompt, **options) for prompt, options in requests]
+    return [s.wait() for s in streams]
+
+
+def _requests(sampled: bool):
+    requests = []
+    for i, (prompt, n) in enumerate(zip(PROMPTS, NEW_TOKENS)):
+        options = dict(max_new_tokens=n, ignore_eos=True, k=[4, 2, 8, 3][i])
+        if sampled and i % 2:
+            options.update(temperature=0.8, top_p=0.95, seed=i)
+        requests.append((prompt, options))
+    return requests
+
+
+def _check_batch_equals_solo(bundle, sampled):
+    gen = load(bundle, max_batch=4)
+    requests = _requests(sampled)
+    solo = [gen.generate(prompt, **options).tokens for prompt, options in requests]
+    batched = _together(gen, requests)
+    assert [r.tokens for r in batched] == solo
+    assert max(e.batch for e in gen.events) >= 3                  # rows really shared calls
+    assert sum(r.stats.n_verify for r in batched) > 0
+    gen.close()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_rows_in_a_batch_equal_their_solo_runs(batch_bundles, arch):
+    _check_batch_equals_solo(batch_bundles[arch], sampled=False)
+
+
+def test_seeded_sampled_and_greedy_rows_mixed_equal_their_solo_runs(batch_bundles):
+    _check_batch_equals_solo(batch_bundles["qwen2"], sampled=True)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_int4_rows_in_a_batch_equal_their_solo_runs(batch_bundles, sampled):
+    _check_batch_equals_solo(batch_bundles["qwen2-int4"], sampled)
+
+
+def test_batched_greedy_speculation_equals_target_only(batch_bundles):
+    gen = load(batch_bundles["llama"], max_batch=4)
+    target_only = [gen.generate(p, max_new_tokens=n, ignore_eos=True, use_draft=False).tokens
+                   for p, n in zip(PROMPTS, NEW_TOKENS)]
+    batched = _together(gen, [(p, dict(max_new_tokens=n, ignore_eos=True, policy="adaptive"))
+                              for p, n in zip(PROMPTS, NEW_TOKENS)])
+    assert [r.tokens for r in batched] == target_only
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_threads_get_their_solo_outputs_in_fewer_target_calls(batch_bundles, background):
+    """Callers drive the batch themselves by default, a worker thread with background=True: the same tokens."""
+    gen = load(batch_bundles["qwen2"], max_batch=4, background=background)
+    options = dict(max_new_tokens=30, ignore_eos=True, k=4)
+    solo = [gen.generate(p, **options) for p in PROMPTS]
+    solo_calls = sum(r.stats.n_target_calls for r in solo)
+    before = gen.counters["target_calls"]
+    out = [None] * 4
+    start = threading.Barrier(4)
+
+    def worker(i):
+        start.wait()
+        out[i] = gen.generate(PROMPTS[i], **options)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert [r.tokens for r in out] == [r.tokens for r in solo]
+    assert gen.counters["target_calls"] - before < solo_calls        # batched, not serialised
+
+
+def test_cancelling_a_stream_frees_its_slot(batch_bundles):
+    gen = load(batch_bundles["qwen2"], max_batch=2, max_queue=1)
+    long = dict(max_new_tokens=200, ignore_eos=True, k=2)
+    first, second = gen.stream(PROMPTS[0], **long), gen.stream(PROMPTS[1], **long)
+    next(iter(first))                                                  # running
+    third = gen.stream(PROMPTS[2], max_new_tokens=5, ignore_eos=True)  # waits for a slot
+    first.cancel()
+    assert len(third.wait().tokens) == 5                               # ran in the freed slot
+    assert first.wait().stats.stop_reason == "cancelled"
+    assert len(first.tokens) < 200
+    rest = second.wait()
+    assert rest.tokens == gen.generate(PROMPTS[1], **long).tokens      # undisturbed by the move into slot 0
+
+
+def test_closing_the_iterator_cancels(batch_bundles):
+    gen = load(batch_bundles["qwen2"], max_batch=1, max_queue=0)
+    stream = gen.stream(PROMPTS[0], max_new_tokens=200, ignore_eos=True)
+    for _ in stream:
+        break
+    stream.close()
+    assert stream.wait().stats.stop_reason == "cancelled"
+    assert len(gen.generate(PROMPTS[1], max_new_tokens=4, ignore_eos=True).tokens) == 4
+
+
+def test_a_full_queue_is_a_clear_error(batch_bundles):
+    gen = load(batch_bundles["qwen2"], max_batch=1, max_queue=1)
+    with gen.scheduler.wake:                                           # nothing is admitted while we hold it
+        running = gen.stream(PROMPTS[0], max_new_tokens=40, ignore_eos=True)
+        queued = gen.stream(PROMPTS[1], max_new_tokens=4, ignore_eos=True)
+        with pytest.raises(QueueFull, match="queue is full"):
+            gen.stream(PROMPTS[2], max_new_tokens=4)
+    assert len(running.wait().tokens) == 40 and len(queued.wait().tokens) == 4
+
+
+def test_a_request_that_does_not_fit_leaves_the_others_alone(batch_bundles):
+    gen = load(batch_bundles["qwen2"], max_batch=2)
+    expected = gen.generate(PROMPTS[1], max_new_tokens=30, ignore_eos=True).tokens
+    running = gen.stream(PROMPTS[1], max_new_tokens=30, ignore_eos=True)
+    with pytest.raises(SpecedgeError, match="max_seq_len 256 leaves no room"):
+        gen.stream("y" * 300)
+    assert running.wait().tokens == expected
+
+
+def test_on_token_sees_every_committed_token_in_order(batch_bundles):
+    gen = load(batch_bundles["qwen2"])
+    seen, text = [], []
+    result = gen.stream(PROMPTS[0], max_new_tokens=20, ignore_eos=True,
+                        on_token=lambda ids, piece: (seen.extend(ids), text.append(piece))).wait()
+    assert seen == result.tokens and "".join(text) == result.text
+
+
+def test_a_one_row_variant_refuses_batches(arch_bundles):
+    with pytest.raises(OptionError, match="--attention standard"):
+        load(arch_bundles["qwen2"], max_batch=2)
+
+
+def test_kv_per_slot_is_reported(batch_bundles):
+    gen = load(batch_bundles["qwen2"], max_batch=3)
+    entry = gen.manifest["models"]["target"]["kv"]
+    assert gen.kv_slot_bytes["target"] == 2 * entry["num_layers"] * entry["num_kv_heads"] * entry["slots"] * entry["head_dim"] * 4
+    assert gen.target.keys[0].shape[0] == 3
+
+
+def test_unknown_and_unavailable_backends_are_one_line_errors(batch_bundles, monkeypatch):
+    with pytest.raises(OptionError, match=r"unknown backend 'tpu' \(available: cpu\)"):
+        load(batch_bundles["qwen2"], backend="tpu")
+    from specedge.runtime import backends
+
+    monkeypatch.setitem(backends.BACKENDS, "cuda", ("specedge_no_such_module", "CudaBackend", "onnxruntime-gpu"))
+    with pytest.raises(OptionError, match=r"backend 'cuda' is not available: needs onnxruntime-gpu"):
+        load(batch_bundles["qwen2"], backend="cuda")
+
+
+@pytest.fixture
+def bundle_copy(batch_bundles, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(batch_bundles["gpt2"], dst)
+    return dst
+
+
+def _edit_manifest(bundle, edit):
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    edit(manifest)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_manifest_that_lies_about_an_input_is_refused(bundle_copy):
+    def rename(manifest):
+        io = manifest["models"]["target"]["io"]
+        io["inputs"]["token_ids"] = io["inputs"].pop("input_ids")
+    _edit_manifest(bundle_copy, rename)
+    with pytest.raises(BundleError, match="input_ids"):
+        load(bundle_copy)
+
+
+def test_a_manifest_that_lies_about_a_dtype_is_refused(bundle_copy):
+    _edit_manifest(bundle_copy, lambda m: m["models"]["draft"]["io"]["inputs"]["position_ids"].update(dtype="float32"))
+    with pytest.raises(BundleError, match="position_ids is tensor\\(int64\\) in the graph but float32"):
+        load(bundle_copy)
+
+
+def test_a_version_1_bundle_asks_for_a_re_export(bundle_copy):
+    _edit_manifest(bundle_copy, lambda m: m.update(format_version=1))
+    with pytest.raises(BundleError, match="version 1 is not supported .* re-export"):
+        load(bundle_copy)
+
+
+def test_every_step_leaves_a_record(workdir):
+    """B, k per row, accepted per row, predicted accepted (adaptive), each row's first rejection with both
+    tokens and, when sampling, both probabilities; the records add up to the per-request stats."""
+    bundle = _export(workdir, "llama-standard-bad", tm.make_model("llama", TARGET_ROWS, seed=1),
+                     tm.make_model("llama", TARGET_ROWS, seed=2), tm.byte_tokenizer(), attention="standard")
+    gen = load(bundle, max_batch=2)
+    results = _together(gen, [(PROMPTS[0], dict(max_new_tokens=40, ignore_eos=True, policy="adaptive")),
+                              (PROMPTS[1], dict(max_new_tokens=40, ignore_eos=True, policy="adaptive",
+                                                temperature=1.0, seed=5))])
+    events = gen.events
+    assert sum(sum(e.k) for e in events) == sum(r.stats.n_drafted for r in results)
+    assert sum(sum(e.accepted) for e in events) == sum(r.stats.n_accepted for r in results)
+    assert {e.batch for e in events} >= {2} and all(len(e.k) == e.batch == len(e.accepted) for e in events)
+    assert all(e.predicted is not None and e.predicted >= 0 for e in events)
+    rejections = [r for e in events for r in e.rejections]
+    assert sum(r.stats.n_verify for r in results) - sum(
+        1 for e in events for k, n in zip(e.k, e.accepted) if k and n == k) == len(rejections)
+    assert all(r["draft_token"] != r["target_token"] or "p_draft" in r for r in rejections)
+    sampled = [r for r in rejections if "p_draft" in r]
+    assert sampled and all(0 <= r["p_draft"] < r["q_draft"] <= 1 for r in sampled)   # rejected: p/q < 1
+    assert all(e.draft_s >= 0 and e.verify_s > 0 and e.model_s > 0 and e.verify_tokens >= e.batch for e in events)

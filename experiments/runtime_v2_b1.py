@@ -1,4 +1,5 @@
-"""Batch-1 speed of runtime v2 against the runtime before it, and under max_batch 8 against max_batch 1.
+"""Batch-1 speed of runtime v2 against the runtime before it, under max_batch 8 against max_batch 1, and with
+onnxruntime's idle threads spinning (the old runtime's setting) against not (runtime v2's default for a pair).
 
     python experiments/runtime_v2_b1.py --old-src OLD_CHECKOUT --old OLD_BUNDLE --new NEW_GQA_BUNDLE \
         --standard NEW_STANDARD_BUNDLE [--rounds 3] [--tokens 64]
@@ -22,8 +23,9 @@ import json, sys, time
 from specedge.runtime import load
 prompts = ["def quicksort(arr):\n", "import numpy as np\n\ndef moving_average(x: np.ndarray, window: int) -> np.ndarray:\n",
            "class LRUCache:\n    def __init__(self, capacity: int):\n"]
-bundle, tokens, max_batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-gen = load(bundle, max_batch=max_batch) if max_batch > 1 else load(bundle)
+bundle, tokens, max_batch, spinning = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+options = {} if spinning == "default" else {"spinning": spinning == "on"}
+gen = load(bundle, max_batch=max_batch, **options) if max_batch > 1 or options else load(bundle)
 out = {}
 for policy in ("target", "adaptive"):
     gen.generate(prompts[0], max_new_tokens=8, policy=policy)
@@ -38,11 +40,11 @@ print(json.dumps(out))
 """
 
 
-def run(src: str | None, bundle: str, tokens: int, max_batch: int) -> dict:
+def run(src: str | None, bundle: str, tokens: int, max_batch: int, spinning: str) -> dict:
     env = dict(os.environ)
     if src:
         env["PYTHONPATH"] = src
-    proc = subprocess.run([sys.executable, "-c", RUN, bundle, str(tokens), str(max_batch)], env=env,
+    proc = subprocess.run([sys.executable, "-c", RUN, bundle, str(tokens), str(max_batch), spinning], env=env,
                           capture_output=True, text=True, cwd="/", check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -56,13 +58,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args(argv)
-    setups = {"old runtime, gqa v2": (args.old_src, args.old, 1), "new runtime, gqa v3": (None, args.new, 1),
-              "new, standard, max_batch 1": (None, args.standard, 1),
-              "new, standard, max_batch 8": (None, args.standard, 8)}
+    setups = {"old runtime, gqa v2": (args.old_src, args.old, 1, "default"),
+              "new runtime, gqa v3": (None, args.new, 1, "default"),
+              "new, gqa v3, spinning on": (None, args.new, 1, "on"),
+              "new, standard, max_batch 1": (None, args.standard, 1, "default"),
+              "new, standard, max_batch 8": (None, args.standard, 8, "default")}
     results = {name: {"target": [], "adaptive": []} for name in setups}
     for r in range(args.rounds):
-        for name, (src, bundle, max_batch) in setups.items():
-            for policy, tps in run(src, bundle, args.tokens, max_batch).items():
+        for name, (src, bundle, max_batch, spinning) in setups.items():
+            for policy, tps in run(src, bundle, args.tokens, max_batch, spinning).items():
                 results[name][policy].append(tps)
             print(f"round {r + 1}: {name}: " + ", ".join(f"{p} {v[-1]:.2f}" for p, v in results[name].items()),
                   file=sys.stderr, flush=True)

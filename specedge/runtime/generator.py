@@ -35,7 +35,7 @@ DEFAULT_MAX_QUEUE = 64
 class Generator:
     def __init__(self, bundle: str | Path, backend: str = "cpu", threads: int | None = None,
                  target_rows: str | int = "auto", max_batch: int = 1, max_queue: int = DEFAULT_MAX_QUEUE,
-                 background: bool = False):
+                 background: bool = False, spinning: bool | None = None):
         if not isinstance(max_batch, int) or max_batch < 1:
             raise OptionError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         if not isinstance(max_queue, int) or max_queue < 0:
@@ -55,14 +55,16 @@ class Generator:
         self.chat_template = (self.path / template).read_text() if template else None
         max_step = max(PREFILL_CHUNK, self.max_draft + 2)
         models = m["models"]
+        # two sessions taking turns fight over few cores while idle threads spin (backends/cpu.py)
+        options = {"spinning": "draft" not in models if spinning is None else spinning} if backend == "cpu" else {}
         self.target = open_backend(backend, self.path / models["target"]["file"], models["target"], self.max_seq_len,
-                                   max_batch=max_batch, threads=threads, max_step=max_step)
+                                   max_batch=max_batch, threads=threads, max_step=max_step, **options)
         self.target_min_rows, self.target_steps_exact = self._set_target_rows(target_rows)
         self.draft, self.draft_head_ids = None, None
         if "draft" in models:
             entry = models["draft"]
             self.draft = open_backend(backend, self.path / entry["file"], entry, self.max_seq_len,
-                                      max_batch=max_batch, threads=threads, max_step=max_step)
+                                      max_batch=max_batch, threads=threads, max_step=max_step, **options)
             choose_min_rows(self.draft, self.vocab_size)    # draft rows exact too: seeded sampling in a batch
             if "vocab_subset" in entry:
                 self.draft_head_ids = self._head_ids(entry)

@@ -79,9 +79,11 @@ class CostCurve:
 
     decay: float = 0.9
     seen: dict[int, float] = field(default_factory=dict)
+    _line: tuple | None = None                       # (mean size, mean seconds, slope), refitted after observe
 
     def observe(self, size: int, seconds: float) -> None:
         self.seen[size] = _ema(self.seen.get(size), seconds, self.decay)
+        self._line = None
 
     def __call__(self, size: int) -> float | None:
         if size in self.seen:
@@ -91,10 +93,13 @@ class CostCurve:
         if len(self.seen) == 1:
             (s0, c0), = self.seen.items()
             return max(c0 * (1 + 0.1 * (size - s0)), 1e-9)
-        xs, ys = zip(*self.seen.items())
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-        return max(my + max(slope, 0.0) * (size - mx), 1e-9)
+        if self._line is None:
+            xs, ys = zip(*self.seen.items())
+            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+            self._line = (mx, my, max(slope, 0.0))
+        mx, my, slope = self._line
+        return max(my + slope * (size - mx), 1e-9)
 
 
 @dataclass
@@ -161,7 +166,10 @@ class AdaptivePolicy(Policy):
     are not, and k shrinks to 0; it comes back when the batch shrinks. A position never tried yet borrows the
     estimate of the last tried one, and every `explore_every` steps it tries one more (then one fewer) than the
     best k, so the costs of other verify sizes and the acceptance of deeper positions get measured. While k = 0
-    wins it still probes with k = 1 every `probe_every` steps, to notice when the draft becomes useful again.
+    wins it still probes with k = 1 after `probe_every` steps, to notice when the draft becomes useful again;
+    a probe whose draft is rejected doubles the wait (up to 4x), an accepted one resets it. Off, it does not
+    weigh the options again until the probe or a change of batch size (a plain step teaches it nothing):
+    a tiny model's step is a fraction of a millisecond, and the weighing itself would show.
     Near-ties between positive k go to the longer draft (acceptance comes in runs), but k > 0 must beat k = 0
     by more than the tie margin: the forgetting prior keeps a useless draft's acceptance estimate a little above
     zero, and with a cheap draft that alone would otherwise keep k = 1.
@@ -189,6 +197,8 @@ class AdaptivePolicy(Policy):
         self.prior = (prior_accept * prior_weight, prior_weight)
         self.costs = costs or CostModel()
         self.since_probe = 0
+        self.probe_gap, self.max_probe_gap = probe_every, 4 * probe_every
+        self.off, self.probing = False, False
         self.last_batch = 1
 
     def acceptance(self) -> list[float]:
@@ -217,24 +227,33 @@ class AdaptivePolicy(Policy):
 
     def next_k(self, max_k: int, batch: int = 1) -> int:
         max_k = min(max_k, self.max_draft)
+        if self.off and batch == self.last_batch and max_k >= 1:
+            # off and nothing learned since (k = 0 steps teach no acceptance): no need to weigh again until the probe
+            self.since_probe += 1
+            if self.since_probe < self.probe_gap:
+                return 0
+            self.since_probe, self.probing = 0, True
+            return 1
         self.last_batch = batch
         costs = [self.step_cost(k, batch) for k in range(max_k + 1)]
         if max_k >= 1 and any(c is None for c in costs[1:]):
             return min(self.warmup_k, max_k)                       # no cost estimates yet: measure first
-        rate = [batch * self.expected_tokens(k) / costs[k] if costs[k] else -math.inf for k in range(max_k + 1)]
+        expected, run, rate = 1.0, 1.0, []                       # E(k), built up position by position
+        for k, a in zip(range(max_k + 1), [None] + self.acceptance()):
+            if k:
+                run *= a
+                expected += run
+            rate.append(batch * expected / costs[k] if costs[k] else -math.inf)
         self.rate = max(rate) / batch
         positive = max(rate[1:], default=-math.inf)
         if positive > (1 + self.tie) * rate[0]:           # k > 0 must beat the plain step by more than a tie
             best = max(k for k in range(1, max_k + 1) if rate[k] >= (1 - self.tie) * positive)
         else:
             best = 0
+        self.off = best == 0
         if best == 0:
-            if max_k >= 1:
-                self.since_probe += 1
-                if self.since_probe >= self.probe_every:
-                    self.since_probe = 0
-                    return 1
             return 0
+        self.probe_gap = self.probe_every
         self.steps += 1
         if self.steps % self.explore_every == 0:
             self.explore_up = not self.explore_up
@@ -263,6 +282,10 @@ class AdaptivePolicy(Policy):
             self.costs.observe_draft(batch, draft_s / k)
 
     def observe_acceptance(self, k: int, n_accepted: int) -> None:
+        if self.probing and k:            # a failed probe waits twice as long for the next one (up to 4x)
+            self.probing = False
+            self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap) if n_accepted == 0 else self.probe_every
+            self.off = n_accepted == 0
         # position i was tried iff all before it were accepted; forgetting pulls towards the prior
         a0, t0 = self.prior
         for i in range(min(k, n_accepted + 1)):

@@ -117,6 +117,8 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
         click.echo(piece, nl=False)
     click.echo()
     click.echo(format_stats(stream.result.stats.to_json(gen.decode)), err=True)
+    slots = ", ".join(f"{role} {size / 2**20:.1f} MiB" for role, size in gen.kv_slot_bytes.items())
+    click.echo(f"   KV memory per slot (one per concurrent sequence): {slots}", err=True)
 
 
 @cli.command()

@@ -211,24 +211,41 @@ def test_a_version_1_bundle_asks_for_a_re_export(bundle_copy):
         load(bundle_copy)
 
 
-def test_every_step_leaves_a_record(workdir):
+@pytest.fixture(scope="module")
+def bad_batch_bundle(workdir):
+    """A target and an independent random draft (rarely right), batched attention."""
+    return _export(workdir, "llama-standard-bad", tm.make_model("llama", TARGET_ROWS, seed=1),
+                   tm.make_model("llama", TARGET_ROWS, seed=2), tm.byte_tokenizer(), attention="standard")
+
+
+def test_every_step_leaves_a_record(bad_batch_bundle):
     """B, k per row, accepted per row, predicted accepted (adaptive), each row's first rejection with both
     tokens and, when sampling, both probabilities; the records add up to the per-request stats."""
-    bundle = _export(workdir, "llama-standard-bad", tm.make_model("llama", TARGET_ROWS, seed=1),
-                     tm.make_model("llama", TARGET_ROWS, seed=2), tm.byte_tokenizer(), attention="standard")
-    gen = load(bundle, max_batch=2)
-    results = _together(gen, [(PROMPTS[0], dict(max_new_tokens=40, ignore_eos=True, policy="adaptive")),
-                              (PROMPTS[1], dict(max_new_tokens=40, ignore_eos=True, policy="adaptive",
+    gen = load(bad_batch_bundle, max_batch=2)
+    results = _together(gen, [(PROMPTS[0], dict(max_new_tokens=40, ignore_eos=True, policy="fixed:3")),
+                              (PROMPTS[1], dict(max_new_tokens=40, ignore_eos=True, policy="fixed:3",
                                                 temperature=1.0, seed=5))])
     events = gen.events
     assert sum(sum(e.k) for e in events) == sum(r.stats.n_drafted for r in results)
     assert sum(sum(e.accepted) for e in events) == sum(r.stats.n_accepted for r in results)
     assert {e.batch for e in events} >= {2} and all(len(e.k) == e.batch == len(e.accepted) for e in events)
-    assert all(e.predicted is not None and e.predicted >= 0 for e in events)
     rejections = [r for e in events for r in e.rejections]
     assert sum(r.stats.n_verify for r in results) - sum(
         1 for e in events for k, n in zip(e.k, e.accepted) if k and n == k) == len(rejections)
-    assert all(r["draft_token"] != r["target_token"] or "p_draft" in r for r in rejections)
+    assert all(r["draft_token"] != r["target_token"] for r in rejections)
     sampled = [r for r in rejections if "p_draft" in r]
     assert sampled and all(0 <= r["p_draft"] < r["q_draft"] <= 1 for r in sampled)   # rejected: p/q < 1
     assert all(e.draft_s >= 0 and e.verify_s > 0 and e.model_s > 0 and e.verify_tokens >= e.batch for e in events)
+    assert all(e.predicted is None for e in events)                # fixed k predicts nothing
+    before = len(gen.events)
+    gen.generate(PROMPTS[2], max_new_tokens=20, ignore_eos=True, policy="adaptive")
+    assert all(e.predicted is not None and e.predicted >= 0 for e in gen.events[before:])
+
+
+def test_a_probe_costs_one_row(bad_batch_bundle):
+    """With a useless draft adaptive switches off for the batch; its probes (k = 1) go to one row only."""
+    gen = load(bad_batch_bundle, max_batch=3)
+    _together(gen, [(p, dict(max_new_tokens=120, ignore_eos=True, policy="adaptive")) for p in PROMPTS[:3]])
+    late = [e for e in gen.events[30:] if e.batch == 3]
+    assert late and sum(1 for e in late if max(e.k)) >= 1
+    assert all(sum(1 for k in e.k if k) <= 1 for e in late), [e.k for e in late]

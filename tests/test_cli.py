@@ -69,7 +69,7 @@ def test_generate_streams_text_then_stats(cli_bundle):
     as_json = json.loads(specedge("generate", str(cli_bundle), "--prompt", "héllo", "--max-new-tokens", "20",
                                   "--ignore-eos", "--json").stdout)
     assert proc.stdout == as_json["text"] + "\n"
-    assert "mean accepted length" in proc.stderr and "tok/s" in proc.stderr
+    assert "mean accepted length" in proc.stderr and "tok/s" in proc.stderr and "KV memory per slot" in proc.stderr
 
 
 def test_generate_chat_and_sampling(cli_bundle):

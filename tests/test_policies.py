@@ -30,7 +30,7 @@ def test_adaptive_switches_off_with_a_useless_draft_and_back_on():
     tail = useless[first_off:]
     assert set(tail) <= {0, 1}                                        # off except for probes with k = 1
     probes = [i for i, k in enumerate(tail) if k == 1]
-    assert len(probes) <= len(tail) // 16 and probes[-1] - probes[-2] == 64, probes   # failed probes back off
+    assert len(probes) <= len(tail) // 16 and 64 <= probes[-1] - probes[-2] <= 66, probes   # failed probes back off
     recovered = _feed(policy, lambda step, i: True, 150)            # the draft becomes perfect
     first_on = next(i for i, k in enumerate(recovered) if k >= 4)
     assert first_on <= 100, recovered
@@ -174,3 +174,17 @@ def test_adaptive_a_near_tie_with_k0_goes_to_k0():
         policy.observe(k, 0, 0.002 * k, 0.1, k + 1)
         ks.append(k)
     assert ks[-50:] == [0] * 50, ks
+
+
+def test_cost_model_keeps_a_curve_per_batch_size():
+    """Eight rows of one token cost more than one row of eight (each row attends over its own buffer): the
+    verify cost at a batch size comes from that batch size's own curve; an unseen one from total tokens."""
+    from specedge.runtime.policies import CostModel
+
+    costs = CostModel()
+    costs.observe_verify(8, 1.0, batch=8)          # B = 8, T = 1
+    costs.observe_verify(8, 0.3, batch=1)          # B = 1, T = 8
+    costs.observe_verify(2, 0.2, batch=1)          # B = 1, T = 2
+    assert costs.verify(8, 8) == 1.0 and costs.verify(8, 1) == 0.3
+    assert costs.verify(5, 1) == pytest.approx(0.25)                    # on B = 1's own line over T
+    assert costs.verify(16, 4) == pytest.approx(costs.by_tokens(16))   # B = 4 unseen: total tokens

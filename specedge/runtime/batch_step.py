@@ -38,10 +38,12 @@ class StepRecord:
     accepted: list[int]             # accepted drafts per row
     rejections: list[dict] = field(default_factory=list)   # at each row's first rejection
     draft_calls: int = 0
+    draft_rows: int = 0             # rows in the widest draft call (live rows and the dummies before them)
     draft_s: float = 0.0            # wall time of the draft phase (calls + host work)
     verify_s: float = 0.0           # wall time of the verify phase (call + acceptance + commit bookkeeping)
     model_s: float = 0.0            # time inside backend calls
     verify_tokens: int = 0          # B x T of the verify call
+    verify_rows: int = 0            # its B (decoding rows and any dummy rows before the last of them)
     predicted: float | None = None  # expected accepted drafts, as the policy predicted them
 
 
@@ -87,6 +89,7 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
                               want="logits" if sampled or any(s.policy.early_stop for s in live) else "ids")
         record.model_s += seconds
         record.draft_calls += 1
+        record.draft_rows = max(record.draft_rows, hi)
         still = []
         for s in live:
             s.dft_pos += len(feed[id(s)])
@@ -145,7 +148,7 @@ def speculative_step(m: Models, rows: list[Sequence], span: list[Sequence]) -> t
     greedy = all(s.warp.greedy for s in rows)
     out, seconds = _timed(m.target.run, starts, tokens, last, want="ids" if greedy else "logits")
     record.model_s += seconds
-    record.verify_tokens = hi * max(len(t) for t in tokens)
+    record.verify_rows, record.verify_tokens = hi, hi * max(len(t) for t in tokens)
     # 3. accept: the target decides every token; 4. rewind: positions only, stale slots are scratch
     committed = {}
     for s in rows:

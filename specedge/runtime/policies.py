@@ -105,17 +105,27 @@ class CostCurve:
 @dataclass
 class CostModel:
     """Seconds per draft step as a function of the rows in the call (B), and per verify phase as a function of
-    the verify call's total token count (B x T). Both are wall times of the loop's phases, host work included:
-    a cost model that counted only time inside model calls chose k = 1 with a useless cheap draft."""
+    the tokens per row (T) at each batch size B: B rows of one token and one row of B tokens do not cost the
+    same (each row attends over its own buffer), so each B seen gets its own curve over T; an unseen B falls
+    back to one curve over the call's total tokens B x T. Both are wall times of the loop's phases, host work
+    included: a cost model that counted only time inside model calls chose k = 1 with a useless cheap draft."""
 
     draft: CostCurve = field(default_factory=CostCurve)
-    verify: CostCurve = field(default_factory=CostCurve)
+    by_batch: dict[int, CostCurve] = field(default_factory=dict)     # B -> seconds over T
+    by_tokens: CostCurve = field(default_factory=CostCurve)          # seconds over B x T
 
     def observe_draft(self, rows: int, seconds_per_step: float) -> None:
         self.draft.observe(rows, seconds_per_step)
 
-    def observe_verify(self, tokens: int, seconds: float) -> None:
-        self.verify.observe(tokens, seconds)
+    def observe_verify(self, tokens: int, seconds: float, batch: int = 1) -> None:
+        """tokens: the call's total tokens B x T."""
+        self.by_batch.setdefault(batch, CostCurve()).observe(tokens // batch, seconds)
+        self.by_tokens.observe(tokens, seconds)
+
+    def verify(self, tokens: int, batch: int = 1) -> float | None:
+        """Seconds of a verify phase of `tokens` in all (B x T) over `batch` rows."""
+        curve = self.by_batch.get(batch)
+        return curve(tokens // batch) if curve is not None else self.by_tokens(tokens)
 
     @property
     def draft_step_s(self) -> float | None:
@@ -166,10 +176,10 @@ class AdaptivePolicy(Policy):
     are not, and k shrinks to 0; it comes back when the batch shrinks. A position never tried yet borrows the
     estimate of the last tried one, and every `explore_every` steps it tries one more (then one fewer) than the
     best k, so the costs of other verify sizes and the acceptance of deeper positions get measured. While k = 0
-    wins it still probes with k = 1 after `probe_every` steps, to notice when the draft becomes useful again;
-    a probe whose draft is rejected doubles the wait (up to 4x), an accepted one resets it. Off, it does not
-    weigh the options again until the probe or a change of batch size (a plain step teaches it nothing):
-    a tiny model's step is a fraction of a millisecond, and the weighing itself would show.
+    wins it still probes with k = 1 after `probe_every` steps (one row of the batch: `probing`), to notice when
+    the draft or the load changed; a probe after which k = 0 still wins doubles the wait (up to 4x). Off, it
+    does not weigh the options again until the probe or a change of batch size (a plain step teaches it
+    nothing): a tiny model's step is a fraction of a millisecond, and the weighing itself would show.
     Near-ties between positive k go to the longer draft (acceptance comes in runs), but k > 0 must beat k = 0
     by more than the tie margin: the forgetting prior keeps a useless draft's acceptance estimate a little above
     zero, and with a cheap draft that alone would otherwise keep k = 1.
@@ -219,7 +229,7 @@ class AdaptivePolicy(Policy):
         return self.expected_tokens(k) - 1.0
 
     def step_cost(self, k: int, batch: int = 1) -> float | None:
-        verify = self.costs.verify(batch * (k + 1))
+        verify = self.costs.verify(batch * (k + 1), batch)
         draft = self.costs.draft(batch) if k else 0.0
         if verify is None or draft is None:
             return None
@@ -227,7 +237,8 @@ class AdaptivePolicy(Policy):
 
     def next_k(self, max_k: int, batch: int = 1) -> int:
         max_k = min(max_k, self.max_draft)
-        if self.off and batch == self.last_batch and max_k >= 1:
+        probed, self.probing = self.probing, False
+        if self.off and batch == self.last_batch and max_k >= 1 and not probed:
             # off and nothing learned since (k = 0 steps teach no acceptance): no need to weigh again until the probe
             self.since_probe += 1
             if self.since_probe < self.probe_gap:
@@ -252,6 +263,8 @@ class AdaptivePolicy(Policy):
             best = 0
         self.off = best == 0
         if best == 0:
+            if probed:                    # a probe that did not turn speculation on: wait twice as long (up to 4x)
+                self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap)
             return 0
         self.probe_gap = self.probe_every
         self.steps += 1
@@ -265,7 +278,7 @@ class AdaptivePolicy(Policy):
         if not self.early_stop or self.rate is None or n >= self.max_draft:
             return True
         b = self.last_batch
-        verify_next, verify_now = self.costs.verify(b * (n + 2)), self.costs.verify(b * (n + 1))
+        verify_next, verify_now = self.costs.verify(b * (n + 2), b), self.costs.verify(b * (n + 1), b)
         draft = self.costs.draft(b)
         if verify_next is None or verify_now is None or draft is None:
             return True
@@ -276,16 +289,14 @@ class AdaptivePolicy(Policy):
     def observe_confidences(self, confidences: list[float], n_accepted: int) -> None:
         self.calibration.observe(confidences, n_accepted)
 
-    def observe_costs(self, k: int, draft_s: float, verify_s: float, verify_tokens: int, batch: int = 1) -> None:
-        self.costs.observe_verify(verify_tokens, verify_s)
+    def observe_costs(self, k: int, draft_s: float, verify_s: float, verify_tokens: int, batch: int = 1,
+                      draft_rows: int | None = None) -> None:
+        """draft_rows: rows in the step's draft calls when fewer than the batch drafted (a probe)."""
+        self.costs.observe_verify(verify_tokens, verify_s, batch)
         if k:
-            self.costs.observe_draft(batch, draft_s / k)
+            self.costs.observe_draft(draft_rows or batch, draft_s / k)
 
     def observe_acceptance(self, k: int, n_accepted: int) -> None:
-        if self.probing and k:            # a failed probe waits twice as long for the next one (up to 4x)
-            self.probing = False
-            self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap) if n_accepted == 0 else self.probe_every
-            self.off = n_accepted == 0
         # position i was tried iff all before it were accepted; forgetting pulls towards the prior
         a0, t0 = self.prior
         for i in range(min(k, n_accepted + 1)):

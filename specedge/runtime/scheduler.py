@@ -149,7 +149,8 @@ class Scheduler:
         self.counters["draft_calls"] += record.draft_calls
         policies = {id(s.policy): s.policy for s in rows if s.policy.shared}
         for policy in policies.values():
-            policy.observe_costs(max(record.k), record.draft_s, record.verify_s, record.verify_tokens, len(rows))
+            policy.observe_costs(max(record.k), record.draft_s, record.verify_s, record.verify_tokens,
+                                 record.verify_rows, record.draft_rows)
         for s, k, n in zip(rows, record.k, record.accepted):
             if not s.policy.shared:
                 s.policy.observe_costs(k, record.draft_s, record.verify_s, record.verify_tokens, len(rows))
@@ -159,14 +160,24 @@ class Scheduler:
             self._commit(s, committed[id(s)])
 
     def _choose_k(self, rows: list[Sequence]) -> None:
-        """One k per shared policy for its rows (given the batch), each row's own policy otherwise; capped per row."""
+        """One k per shared policy for its rows (given the batch), each row's own policy otherwise; capped per row.
+        A shared policy's probe (k = 1 while speculation is off) goes to one row only, the one in the lowest
+        slot: a probe is for learning, and it should not cost every row a draft call and a catch-up."""
         caps = {id(s): s.k_cap(self.m.max_seq_len, self.m.max_draft) if s.drafter != "none" else 0 for s in rows}
         shared: dict[int, int] = {}
         for s in rows:
-            if s.policy.shared and id(s.policy) not in shared:
-                cap = max(caps[id(r)] for r in rows if r.policy is s.policy)
-                shared[id(s.policy)] = s.policy.next_k(cap, batch=len(rows)) if cap else 0
-            k = shared[id(s.policy)] if s.policy.shared else (s.policy.next_k(caps[id(s)]) if caps[id(s)] else 0)
+            if s.policy.shared:
+                if id(s.policy) not in shared:
+                    cap = max(caps[id(r)] for r in rows if r.policy is s.policy)
+                    shared[id(s.policy)] = s.policy.next_k(cap, batch=len(rows)) if cap else 0
+                    if s.policy.probing:
+                        probe = next((r for r in rows if r.policy is s.policy and caps[id(r)]), None)
+                        shared[id(s.policy)] = (shared[id(s.policy)], probe)
+                k = shared[id(s.policy)]
+                if isinstance(k, tuple):
+                    k = k[0] if s is k[1] else 0
+            else:
+                k = s.policy.next_k(caps[id(s)]) if caps[id(s)] else 0
             s.k = min(k, caps[id(s)])
 
     def _commit(self, s: Sequence, new: list[int]) -> None:

@@ -23,12 +23,15 @@ class PaddedCall:
     last: list[int]
 
 
+_RANGE = np.arange(1 << 16, dtype=np.int64)          # positions and row indices without a new array per call
+
+
 def pad_call(starts, tokens, last, min_rows: int, ids: np.ndarray, positions: np.ndarray,
              logit_rows: np.ndarray) -> PaddedCall:
     """Lays a call out in the given scratch (flat int64 buffers, large enough): T = the longest row, n = the most
     rows wanted; a lone one-token call grows to min_rows rows (and logit rows), see ModelBackend.min_rows."""
     b = len(starts)
-    t = max(1, max(len(row) for row in tokens))
+    t = max(1, max(map(len, tokens)))
     n = max(1, max(last))
     if b * t < min_rows:
         t = min_rows
@@ -39,10 +42,10 @@ def pad_call(starts, tokens, last, min_rows: int, ids: np.ndarray, positions: np
         m = len(row)
         ids[r, :m] = row
         ids[r, m:] = row[-1] if m else 0
-        positions[r] = np.arange(start, start + t)
+        np.add(_RANGE[:t], start, out=positions[r])
         first = max(m - max(want, 1), 0)                 # a row that wants nothing still names a real row
         logit_rows[r, : n - want] = first                   # duplicates of the first wanted row, dropped
-        logit_rows[r, n - want:] = np.arange(first, first + want)
+        logit_rows[r, n - want:] = _RANGE[first: first + want]
     return PaddedCall(ids, positions, logit_rows, list(last))
 
 

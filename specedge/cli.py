@@ -18,8 +18,21 @@ target_rows_option = click.option(
     help="Rows a lone target token runs as. auto: the fastest that keeps speculative greedy output identical "
          "to target-only output on this CPU; 1: always one row (faster plain decoding where auto picks 2, but "
          "no longer exact against speculation there); 2: always padded.")
-backend_option = click.option("--backend", default="cpu", show_default=True,
-                              help="Where the models run: cpu (onnxruntime CPU provider).")
+backend_option = click.option(
+    "--backend", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "tensorrt", "auto"]),
+    help="Where the models run: cpu (onnxruntime CPU provider), cuda (onnxruntime-gpu; bundles exported with "
+         "--attention standard), tensorrt (experimental: engines from `specedge build --tensorrt`), auto (the first "
+         "of tensorrt, cuda, cpu available here that runs the bundle; it says which).")
+device_id_option = click.option("--device-id", default=0, show_default=True, type=click.IntRange(min=0),
+                                help="The GPU (GPU backends).")
+cuda_graphs_option = click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
+                                  help="Replay decode calls as CUDA graphs (GPU backends).")
+
+
+def gpu_options(command):
+    return device_id_option(cuda_graphs_option(command))
+
+
 threads_option = click.option("--threads", default=None, type=click.IntRange(min=1),
                               help="onnxruntime intra-op threads (default: all cores).")
 POSITIVE = click.IntRange(min=1)
@@ -52,16 +65,15 @@ def cli():
 @click.option("--attention", default="gqa", show_default=True, type=click.Choice(["gqa", "standard"]),
               help="Step-graph attention: gqa = GroupQueryAttention in place, valid length only, one row per call; "
                    "standard = standard ONNX ops (TensorScatter in place), batches of any size.")
-@click.option("--draft-vocab", type=POSITIVE, default=None,
-              help="Keep only the N most frequent tokens in the draft's LM head (needs --draft-vocab-from).")
-@click.option("--draft-vocab-from", type=click.Path(), default=None,
-              help="Corpus for --draft-vocab: a text file, a JSONL of prompts, or a folder of source files.")
 @click.option("--quantize-embeddings/--no-quantize-embeddings", default=None,
               help="Quantize the embedding tables of quantized models too (GatherBlockQuantized) "
                    "[default: on with --quantize or --draft-quantize].")
+@click.option("--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "fp16", "bf16"]),
+              help="Weights, activations and KV buffers (norms, softmax and logits stay float32). fp16/bf16 run on "
+                   "GPU backends only; their export check runs a float32 copy of the graph plus a dtype audit.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
 def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draft_quantize, block_size,
-           accuracy_level, attention, draft_vocab, draft_vocab_from, quantize_embeddings, force):
+           accuracy_level, attention, quantize_embeddings, dtype, force):
     """Export a target and a draft model into a bundle."""
     try:
         from specedge.export import export_bundle
@@ -72,8 +84,7 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
     export_bundle(target, draft, out, max_seq_len=max_seq_len, max_draft=max_draft, tolerance=tolerance,
                   force=force, progress=lambda line: click.echo(line, err=True), quantize=quantize,
                   draft_quantize=draft_quantize, block_size=block_size, accuracy_level=accuracy_level,
-                  attention=attention, draft_vocab=draft_vocab, draft_vocab_from=draft_vocab_from,
-                  quantize_embeddings=quantize_embeddings)
+                  attention=attention, quantize_embeddings=quantize_embeddings, dtype=dtype)
 
 
 @cli.command()
@@ -95,16 +106,20 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @threads_option
 @backend_option
+@gpu_options
 @target_rows_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, prompt_tokens, stats.")
 def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed, k, no_draft, policy, drafter,
-             stop, ignore_eos, threads, backend, target_rows, as_json):
+             stop, ignore_eos, threads, backend, device_id, cuda_graphs, target_rows, as_json):
     """Generate a completion, streaming it, then print the stats."""
     from specedge.runtime import load
 
     if prompt == "-":
         prompt = sys.stdin.read()
-    gen = load(bundle, backend=backend, threads=threads, target_rows=_rows(target_rows))
+    gen = load(bundle, backend=backend, threads=threads, target_rows=_rows(target_rows), device_id=device_id,
+               cuda_graphs=cuda_graphs)
+    if gen.backend_choice:
+        click.echo(gen.backend_choice, err=True)
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                    k=0 if no_draft else k, use_draft=not no_draft, stop=stop, chat=chat, ignore_eos=ignore_eos,
                    policy=policy, drafter=drafter)
@@ -119,6 +134,11 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
     click.echo(format_stats(stream.result.stats.to_json(gen.decode)), err=True)
     slots = ", ".join(f"{role} {size / 2**20:.1f} MiB" for role, size in gen.kv_slot_bytes.items())
     click.echo(f"   KV memory per slot (one per concurrent sequence): {slots}", err=True)
+    if gen.backend_name != "cpu":
+        models = [("target", gen.target), ("draft", gen.draft)]
+        used = ", ".join(f"{role} weights {gen.manifest['models'][role]['weight_bytes'] / 2**20:.0f} MiB + KV and "
+                         f"scratch {getattr(backend, 'device_bytes', 0) / 2**20:.0f} MiB" for role, backend in models if backend)
+        click.echo(f"   {gen.backend_name} device {getattr(gen.target, 'device_id', 0)} memory: {used}", err=True)
 
 
 @cli.command()
@@ -137,9 +157,10 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
 @click.option("--out", default="bench-out", show_default=True, type=click.Path(file_okay=False))
 @threads_option
 @backend_option
+@gpu_options
 @target_rows_option
 def bench(bundle, prompts_file, policies, batches, max_new_tokens, temperature, seed, repeat, out, threads, backend,
-          target_rows):
+          device_id, cuda_graphs, target_rows):
     """Run every policy on the same prompts, side by side, and report acceptance, speed and time split."""
     from specedge.bench import load_prompts, parse_batches, run_bench, run_batch_bench
     from specedge.bench.report import batch_plots, batch_table, plots, table
@@ -149,7 +170,10 @@ def bench(bundle, prompts_file, policies, batches, max_new_tokens, temperature, 
     sizes = parse_batches(batches)
     names = [p.strip() for p in (policies or DEFAULT_POLICIES).split(",") if p.strip()]
     prompts = load_prompts(prompts_file)
-    gen = load(bundle, backend=backend, threads=threads, target_rows=_rows(target_rows), max_batch=max(sizes))
+    gen = load(bundle, backend=backend, threads=threads, target_rows=_rows(target_rows), max_batch=max(sizes),
+               device_id=device_id, cuda_graphs=cuda_graphs)
+    if gen.backend_choice:
+        click.echo(gen.backend_choice, err=True)
     if gen.draft is None:
         names = [n for n in names if n.split("@")[0] == "target" or n.endswith("@ngram")]
 
@@ -179,8 +203,9 @@ def bench(bundle, prompts_file, policies, batches, max_new_tokens, temperature, 
 @click.argument("bundle", type=click.Path())
 @click.option("--verify", is_flag=True, help="Also check every file's SHA-256 and the target's row exactness here.")
 @backend_option
+@device_id_option
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
-def inspect(bundle, verify, backend, as_json):
+def inspect(bundle, verify, backend, device_id, as_json):
     """Describe a bundle: models, shapes, vocabulary, memory per slot, export checks."""
     from specedge.runtime.manifest import read_manifest
 
@@ -188,7 +213,11 @@ def inspect(bundle, verify, backend, as_json):
     rows_equal = min_rows = None
     if verify:
         from specedge.runtime.row_check import bundle_rows_bitwise_equal
-        rows_equal, min_rows = bundle_rows_bitwise_equal(Path(bundle), manifest, backend=backend)
+        if backend == "auto":
+            from specedge.runtime.backends import choose_backend
+            backend, why = choose_backend(manifest)
+            click.echo(why, err=True)
+        rows_equal, min_rows = bundle_rows_bitwise_equal(Path(bundle), manifest, backend=backend, device_id=device_id)
     if as_json:
         here = {"verify_rows_bitwise_equal_here": rows_equal, "target_min_rows_here": min_rows, "backend": backend}
         click.echo(json.dumps({**manifest, **here} if verify else manifest, indent=2))
@@ -198,6 +227,35 @@ def inspect(bundle, verify, backend, as_json):
         click.echo(f"  target verify rows bitwise equal to single steps on this machine ({backend}): " +
                    (f"yes (a lone token as {min_rows} row{'s' if min_rows > 1 else ''})" if rows_equal else
                     "NO (greedy speculative output may differ from target-only output at near-ties)"))
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path())
+@click.option("--tensorrt", is_flag=True,
+              help="Build TensorRT engines (experimental: not yet run on a GPU; needs TensorRT >= 10.15, cuda-python "
+                   "and a bundle exported with --attention standard, unquantized).")
+@click.option("--profiles", default=None,
+              help="Optimization profiles: comma-separated presets (decode, prefill; default: both) or "
+                   "NAME:TMIN-TMAX[@TOPT] tokens per row. They must cover every call the runtime makes.")
+@click.option("--max-batch", default=1, show_default=True, type=POSITIVE,
+              help="Concurrent sequences the engines take (load(..., max_batch=N) up to this).")
+@click.option("--hardware-compatibility", default="none", show_default=True,
+              type=click.Choice(["none", "same-compute-capability", "ampere-plus"]),
+              help="Which other GPUs may load the engines (none: this GPU model only; fastest).")
+@click.option("--workspace-gib", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="TensorRT's builder workspace limit (default: TensorRT's).")
+@device_id_option
+def build(bundle, tensorrt, profiles, max_batch, hardware_compatibility, workspace_gib, device_id):
+    """Compile a bundle's step graphs into engines for this GPU, written into the bundle (experimental)."""
+    if not tensorrt:
+        raise OptionError("say which engines to build: --tensorrt (the only kind so far)")
+    from specedge.engines.tensorrt_build import build_tensorrt_engines
+
+    record = build_tensorrt_engines(bundle, profiles=profiles, max_batch=max_batch, device_id=device_id,
+                                    hardware_compatibility=hardware_compatibility, workspace_gib=workspace_gib,
+                                    progress=lambda line: click.echo(line, err=True))
+    click.echo(f"TensorRT {record['tensorrt_version']} engines for {record['gpu']['name']} in {bundle} "
+               f"(experimental; run with --backend tensorrt)")
 
 
 def _rows(choice: str) -> str | int:
@@ -242,10 +300,6 @@ def describe(m: dict, verified: bool = False) -> str:
             f"{check.get('top1_agreement', float('nan')):.3f}, verify rows bitwise equal: "
             f"{ {True: 'yes', False: 'NO'}.get(check.get('verify_rows_bitwise_equal'), '?') }",
         ]
-        if "vocab_subset" in model:
-            sub = model["vocab_subset"]
-            lines.append(f"    LM head: {sub['size']} of {m['vocab_size']} tokens (from {sub['corpus']}, "
-                         f"{100 * sub['corpus_coverage']:.1f}% of its tokens)")
         q = check.get("vs_source", check.get("vs_unquantized"))       # vs_unquantized: older bundles
         if q:
             lines.append(f"    vs source model: top-1 agreement {q['top1_agreement']:.3f} over {q['positions']} "
@@ -287,6 +341,139 @@ def main(argv=None) -> int:
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
+
+
+# -- serve (issue 16): an OpenAI-compatible server, and load on it --------------------------------------------------
+def _serve_extra(err: ImportError) -> SpecedgeError:
+    return SpecedgeError(f"serving needs the 'serve' extra (missing {err.name}): pip install 'specedge[serve]'")
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path())
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (loopback by default; elsewhere, set --api-key).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--max-batch", default=None, type=POSITIVE,
+              help="Concurrent sequences (KV slots, allocated at start) [default: 8 for a bundle exported with "
+                   "--attention standard, else 1].")
+@click.option("--max-queue", default=64, show_default=True, type=NON_NEGATIVE,
+              help="Requests that may wait for a slot; beyond them a request gets 429 with Retry-After.")
+@click.option("--api-key", default=None, envvar="SPECEDGE_API_KEY",
+              help="Require 'Authorization: Bearer KEY' on /v1/* (also read from SPECEDGE_API_KEY).")
+@click.option("--served-model-name", default=None, help="The model id clients send [default: the bundle folder's name].")
+@click.option("--policy", default=None,
+              help="Default speculation (a request may override it): fixed:K | heuristic | adaptive | adaptive:stop | "
+                   "target [default: adaptive, or target for a bundle without a draft].")
+@click.option("--drafter", default="model", show_default=True, type=click.Choice(["model", "ngram", "hybrid"]),
+              help="Default drafter.")
+@click.option("--request-timeout", default=600.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds a request may take, queueing included; then it ends with what it has (finish_reason "
+                   "'length', speculation.stop_reason 'timeout'). A request may ask for less ('timeout').")
+@click.option("--drain-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0),
+              help="On SIGTERM / Ctrl+C: seconds in-flight requests may take to finish before they are cancelled.")
+@click.option("--max-body-bytes", default=1 << 20, show_default=True, type=POSITIVE,
+              help="Largest request body (413 beyond it).")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+@threads_option
+@backend_option
+@gpu_options
+@target_rows_option
+def serve(bundle, host, port, max_batch, max_queue, api_key, served_model_name, policy, drafter, request_timeout,
+          drain_timeout, max_body_bytes, log_level, threads, backend, device_id, cuda_graphs, target_rows):
+    """Serve a bundle over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /metrics)."""
+    import logging
+
+    try:
+        from specedge.serve.protocol import Limits
+        from specedge.serve.server import serve_forever
+    except ImportError as err:
+        raise _serve_extra(err) from err
+    from specedge.runtime import load
+    from specedge.runtime.manifest import read_manifest
+
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    manifest = read_manifest(bundle)
+    if max_batch is None:
+        max_batch = 8 if manifest["models"]["target"].get("max_batch") is None else 1
+    gen = load(bundle, backend=backend, threads=threads, target_rows=_rows(target_rows), max_batch=max_batch,
+               max_queue=max_queue, background=True, device_id=device_id, cuda_graphs=cuda_graphs)
+    if gen.backend_choice:
+        click.echo(gen.backend_choice, err=True)
+    if policy is None:
+        policy = "adaptive" if gen.draft is not None or drafter == "ngram" else "target"
+    policy = "target" if policy == "off" else policy
+    gen.options(policy=policy, drafter=drafter)                     # a bad default is a one-line error now
+    limits = Limits(model=served_model_name or Path(bundle).resolve().name, policy=policy, drafter=drafter,
+                    request_timeout=request_timeout)
+    serve_forever(gen, limits, host=host, port=port, api_key=api_key, drain_timeout=drain_timeout,
+                  max_body_bytes=max_body_bytes)
+
+
+@cli.command("bench-serve")
+@click.argument("bundle", required=False, type=click.Path())
+@click.option("--url", default=None,
+              help="A running server's base URL, e.g. http://127.0.0.1:8000/v1 (without it, BUNDLE is served on a "
+                   "free loopback port for the run, in a separate process).")
+@click.option("--api-key", default=None, envvar="SPECEDGE_API_KEY")
+@click.option("--model", default=None, help="Model id [default: the server's first /v1/models entry].")
+@click.option("--concurrency", default="1,2,4,8,16", show_default=True, help="Comma-separated concurrency levels.")
+@click.option("--policies", default="target,fixed:4,adaptive", show_default=True,
+              help="Comma-separated POLICY[@DRAFTER], sent as extra_body speculation ('target' = off).")
+@click.option("--requests", "requests_per_level", default=None, type=POSITIVE,
+              help="Requests per (concurrency, policy) [default: 2 x concurrency, at least 4].")
+@click.option("--prompts", "prompts_file", default=None, type=click.Path(dir_okay=False),
+              help="JSONL, one {\"prompt\": ..., \"chat\": false} per line (default: bench's built-in set).")
+@click.option("--max-tokens", default=64, show_default=True, type=POSITIVE)
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0, 2))
+@click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True,
+              help="Every request generates --max-tokens tokens.")
+@click.option("--max-batch", default=None, type=POSITIVE,
+              help="When serving BUNDLE: KV slots [default: the largest concurrency].")
+@click.option("--out", default="bench-serve-out", show_default=True, type=click.Path(file_okay=False))
+@threads_option
+def bench_serve(bundle, url, api_key, model, concurrency, policies, requests_per_level, prompts_file, max_tokens,
+                temperature, ignore_eos, max_batch, out, threads):
+    """Load a server with the openai client at several concurrency levels, per speculation policy."""
+    try:
+        import openai  # noqa: F401
+        from specedge.bench.serve import parse_levels, plots, run_bench_serve, served, table
+    except ImportError as err:
+        raise _serve_extra(err) from err
+    from specedge.bench.runner import load_prompts, write_results
+
+    if (bundle is None) == (url is None):
+        raise OptionError("give either a BUNDLE to serve or --url of a running server")
+    levels = parse_levels(concurrency)
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    if not names:
+        raise OptionError("--policies is empty")
+    prompts = load_prompts(prompts_file)
+
+    def progress(done, total, label):
+        click.echo(f"[{done}/{total}] {label}", err=True)
+
+    def run(base, pid):
+        return run_bench_serve(base, prompts, names, levels, requests_per_level, max_tokens=max_tokens,
+                               temperature=temperature, ignore_eos=ignore_eos, api_key=api_key, model=model,
+                               server_pid=pid, progress=progress)
+
+    if url is None:
+        click.echo(f"starting a server on {bundle} ...", err=True)
+        extra = ("--api-key", api_key) if api_key else ()
+        with served(bundle, max_batch or max(levels), threads, extra) as (base, pid):
+            results = run(base, pid)
+        results["bundle"] = str(bundle)
+    else:
+        results = run(url.rstrip("/"), None)
+    out = Path(out)
+    path = write_results(results, out)
+    click.echo(table(results))
+    written = plots(results, out)
+    if written is None:
+        click.echo("plots skipped: matplotlib is not installed (pip install 'specedge[plots]')", err=True)
+    click.echo(f"wrote {path}" + (f" and {len(written)} plots" if written else ""), err=True)
 
 if __name__ == "__main__":
     sys.exit(main())

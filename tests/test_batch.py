@@ -205,6 +205,18 @@ def test_a_manifest_that_lies_about_a_dtype_is_refused(bundle_copy):
         load(bundle_copy)
 
 
+def test_a_bundle_with_a_lighter_draft_head_asks_for_a_re_export(bundle_copy):
+    """--draft-vocab was removed (not shown to pay): bundles made with it are refused, with what to do."""
+    _edit_manifest(bundle_copy, lambda m: m["models"]["target"].update(vocab_subset={"file": "x", "size": 4}))
+    with pytest.raises(BundleError, match="lighter LM head .* re-export the bundle without --draft-vocab"):
+        load(bundle_copy)
+
+
+def test_a_version_2_bundle_still_loads(bundle_copy):
+    _edit_manifest(bundle_copy, lambda m: m.update(format_version=2))
+    assert load(bundle_copy).generate("x", max_new_tokens=2, ignore_eos=True).stats.new_tokens == 2
+
+
 def test_a_version_1_bundle_asks_for_a_re_export(bundle_copy):
     _edit_manifest(bundle_copy, lambda m: m.update(format_version=1))
     with pytest.raises(BundleError, match="version 1 is not supported .* re-export"):
@@ -249,3 +261,47 @@ def test_a_probe_costs_one_row(bad_batch_bundle):
     late = [e for e in gen.events[30:] if e.batch == 3]
     assert late and sum(1 for e in late if max(e.k)) >= 1
     assert all(sum(1 for k in e.k if k) <= 1 for e in late), [e.k for e in late]
+
+
+def _joined_while_off(gen, prompt, max_new_tokens):
+    """Starts a request while the shared adaptive policy is off, then turns speculation on at k = 3."""
+    gen.generate(PROMPTS[0], max_new_tokens=4, ignore_eos=True, policy="adaptive")   # creates the shared policy
+    policy = gen.shared_policy("adaptive")
+    policy.off, policy.since_probe, policy.probe_gap = True, 0, 10**6     # as if a useless draft had been seen
+    policy.last_batch = 1
+    draft_calls = gen.counters.get("draft_calls", 0)
+    stream = gen.stream(prompt, max_new_tokens=max_new_tokens, ignore_eos=True, policy="adaptive")
+    next(iter(stream))                                                 # prefilled, first token committed
+    assert gen.counters.get("draft_calls", 0) == draft_calls          # the draft was not fed the prompt
+    assert stream._seq.dft_pos == 0
+    policy.off = False
+    policy.next_k = lambda max_k, batch=1: min(3, max_k)
+    return stream
+
+
+def test_while_speculation_is_off_the_draft_is_not_fed_and_catches_up_a_chunk_a_step(batch_bundles):
+    """A request that joins while the shared adaptive policy is off prefills the target only; once speculation is
+    on again, its draft catches up at most one chunk per step (no other row stalls longer), and the output is
+    still the target's own."""
+    gen = load(batch_bundles["qwen2"], max_batch=2)
+    prompt = "y" * 100 + " = 2\n"                                     # two chunks of catch-up
+    expected = gen.generate(prompt, max_new_tokens=140, ignore_eos=True, policy="target").tokens
+    stream = _joined_while_off(gen, prompt, 140)
+    events_before = len(gen.events)
+    assert stream.wait().tokens == expected
+    catching = [e for e in gen.events[events_before:] if e.catch_up_s > 0]
+    assert len(catching) == 2                                          # 106 tokens behind: a chunk of 64, then the rest
+    assert max(catching[0].k) == 0 and catching[0].draft_calls == 0    # still behind after one chunk: sits out
+    assert any(max(e.k) for e in gen.events[events_before:])          # and then it drafted
+
+
+def test_a_draft_too_far_behind_for_the_tokens_left_does_not_catch_up(batch_bundles):
+    """Catching up costs about a prefill of what the draft lacks: with fewer tokens to go than that, the row
+    does not draft at all (and its output is still the target's)."""
+    gen = load(batch_bundles["qwen2"], max_batch=2)
+    prompt = "y" * 100 + " = 2\n"
+    expected = gen.generate(prompt, max_new_tokens=30, ignore_eos=True, policy="target").tokens
+    stream = _joined_while_off(gen, prompt, 30)
+    events_before = len(gen.events)
+    assert stream.wait().tokens == expected
+    assert all(e.draft_calls == 0 and max(e.k) == 0 for e in gen.events[events_before:])

@@ -38,7 +38,7 @@ def test_inspect(cli_bundle):
     assert "verify rows bitwise equal to single steps on this machine (cpu): yes (a lone token as 1 row)" in out
     assert "embedding float32" in out
     manifest = json.loads(specedge("inspect", str(cli_bundle), "--json").stdout)
-    assert manifest["format_version"] == 2 and set(manifest["models"]) == {"target", "draft"}
+    assert manifest["format_version"] == 3 and set(manifest["models"]) == {"target", "draft"}
     assert "verify_rows_bitwise_equal_here" not in manifest
     checked = json.loads(specedge("inspect", str(cli_bundle), "--json", "--verify").stdout)
     assert checked["verify_rows_bitwise_equal_here"] is True and checked["target_min_rows_here"] == 1

@@ -34,7 +34,7 @@ def run_cli(capsys, *args):
     (["--seed", "-1", "--temperature", "0.5"], "--seed"),
     (["--threads", "0"], "--threads"),
     (["--drafter", "oracle"], "--drafter"),
-    (["--backend", "tpu"], "unknown backend 'tpu'"),
+    (["--backend", "tpu"], "'tpu' is not one of 'cpu', 'cuda', 'tensorrt', 'auto'"),
     (["--policy", "ngram"], "--drafter ngram"),
     (["--policy", "fixed:x"], "K must be an integer"),
 ])

@@ -106,7 +106,7 @@ def test_manifest_records_the_graph_io(arch_bundles, standard_bundles, variant):
     runtime's reader accepts it."""
     bundle = _bundle(arch_bundles, standard_bundles, variant, "qwen2")
     manifest = read_manifest(bundle, verify_hashes=True)
-    assert manifest["format_version"] == FORMAT_VERSION == 2
+    assert manifest["format_version"] == FORMAT_VERSION == 3
     assert manifest["dtype"] == "float32" and manifest["engines"] == {}
     size, k = manifest["max_seq_len"], manifest["max_draft"]
     for role, entry in manifest["models"].items():

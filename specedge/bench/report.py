@@ -39,6 +39,8 @@ def table(results: dict) -> str:
                      + (", target single steps as 2 rows (exact rows on this cpu)" if rows > 1 else "")
                      + ("" if machine.get("target_steps_exact", True) else
                         ", target single steps as 1 row: NOT equal to verify rows on this cpu (--target-rows 1)"))
+        if machine.get("backend", "cpu") != "cpu":
+            lines.append(f"backend: {machine['backend_detail']}")
     lines.append("")
     lines.append("top rejected draft tokens (position: draft -> target wanted, count)")
     for name, p in results["policies"].items():

@@ -168,9 +168,22 @@ def machine_info(gen) -> dict:
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu": cpu_description(), "cpus": os.cpu_count(), "python": platform.python_version(),
             "onnxruntime": __import__("onnxruntime").__version__,
+            "backend": gen.backend_name,
+            "backend_detail": _backend_detail(gen),
             "target_min_rows": gen.target_min_rows,            # single target steps run as this many rows
             "target_steps_exact": gen.target_steps_exact,      # ... and they equal verify rows here, bit for bit
             "peak_rss_bytes": peak_rss_bytes()}
+
+
+def _backend_detail(gen) -> str:
+    """GPU backends: the fixed decode width, CUDA graphs, and whether verify rows equal single steps here."""
+    target = gen.target
+    if gen.backend_name == "cpu":
+        return "cpu"
+    graphs = "CUDA graphs" if getattr(target, "cuda_graphs", False) else "no CUDA graphs"
+    exact = "verify rows bitwise equal to single steps on this GPU" if gen.target_steps_exact else \
+        "verify rows NOT bitwise equal to single steps on this GPU"
+    return f"{gen.backend_name}, decode calls {getattr(target, 'width', 0)} tokens wide, {graphs}, {exact}"
 
 
 def write_results(results: dict, out: Path) -> Path:

@@ -44,12 +44,9 @@ def _backend(onnx_path: Path, model_entry: dict, max_seq_len: int, max_step: int
 
 
 def check_graph(onnx_path: Path, model_entry: dict, reference: np.ndarray, ids: list[int], vocab_size: int,
-                max_seq_len: int, reference_name: str = "", head_rows: np.ndarray | None = None) -> dict:
-    """Graph logits over CHECK_STEPS vs the reference's for the same ids (its head_rows columns when the
-    head keeps a subset); the ids output vs the logits' argmax; verify rows vs single steps; and, for a
-    graph that runs batches, rows of one call vs the same rows alone."""
-    if head_rows is not None:
-        reference = reference[:, head_rows]
+                max_seq_len: int, reference_name: str = "") -> dict:
+    """Graph logits over CHECK_STEPS vs the reference's for the same ids; the ids output vs the logits' argmax;
+    verify rows vs single steps; and, for a graph that runs batches, rows of one call vs the same rows alone."""
     batches = model_entry.get("max_batch") is None
     backend = _backend(onnx_path, model_entry, max_seq_len, max(CHECK_STEPS), len(BATCH_ROWS) if batches else 1)
     cursor = SlotCursor(backend)
@@ -58,14 +55,13 @@ def check_graph(onnx_path: Path, model_entry: dict, reference: np.ndarray, ids: 
         ours.append(cursor.feed(ids[at: at + n]).copy())
         at += n
     ours = np.concatenate(ours)
-    columns = head_rows if head_rows is not None else np.arange(reference.shape[1])
     cursor.pos = 0
     top = cursor.feed_ids(ids[:CHECK_STEPS[0]]).copy()
     min_rows = choose_min_rows(backend, vocab_size)
     check = {"steps": list(CHECK_STEPS), "max_abs_logit_error": float(np.abs(ours - reference).max()),
              "max_abs_logit": float(np.abs(reference).max()),
              "top1_agreement": float((ours.argmax(-1) == reference.argmax(-1)).mean()),
-             "ids_equal_argmax": bool(np.array_equal(top, columns[ours[:CHECK_STEPS[0]].argmax(-1)])),
+             "ids_equal_argmax": bool(np.array_equal(top, ours[:CHECK_STEPS[0]].argmax(-1))),
              "min_rows": min_rows,
              "verify_rows_bitwise_equal": verify_rows_bitwise_equal(SlotCursor(backend), ids),
              "reference": f"transformers {_transformers_version()}{reference_name}"}
@@ -90,10 +86,8 @@ def batch_rows_bitwise_equal(backend, ids: list[int]) -> bool:
 
 
 def prompt_agreement(onnx_path: Path, model_entry: dict, torch_model, prompts: list[list[int]], vocab_size: int,
-                     max_seq_len: int, head_rows: np.ndarray | None = None) -> dict:
-    """Teacher-forced top-1 agreement and max logit error of the graph vs the model, over real prompts.
-    A subset head agrees where its best token is the full model's best (the error is over its columns)."""
-    columns = head_rows if head_rows is not None else np.arange(vocab_size)
+                     max_seq_len: int) -> dict:
+    """Teacher-forced top-1 agreement and max logit error of the graph vs the model, over real prompts."""
     cursor = SlotCursor(_backend(onnx_path, model_entry, max_seq_len, PROMPT_TOKENS))
     agree = total = 0
     error = 0.0
@@ -102,21 +96,19 @@ def prompt_agreement(onnx_path: Path, model_entry: dict, torch_model, prompts: l
         reference = reference_logits(torch_model, ids, vocab_size)
         cursor.pos = 0
         ours = cursor.feed(ids)
-        agree += int((columns[ours.argmax(-1)] == reference.argmax(-1)).sum())
+        agree += int((ours.argmax(-1) == reference.argmax(-1)).sum())
         total += len(ids)
-        error = max(error, float(np.abs(ours - reference[:, columns]).max()))
+        error = max(error, float(np.abs(ours - reference).max()))
     return {"prompts": len(prompts), "positions": total, "top1_agreement": agree / max(total, 1),
             "max_abs_logit_error": error}
 
 
-def load_dequantized(torch_model, quantized: dict, quantization, vocab_size: int, conv1d: bool,
-                     head_rows=None) -> None:
+def load_dequantized(torch_model, quantized: dict, quantization, vocab_size: int, conv1d: bool) -> None:
     """Replaces the model's quantized weights by their dequantized values, in place.
 
     quantized: module name -> (codes, scales, zero points, K) as written into the graph. A tied LM
     head is untied first, as the graph's embedding may stay fp32; a quantized embedding (its first
-    vocab_size rows) is written into the module in place. head_rows: the token ids of a lighter
-    head's rows (the graph quantized only those; the check compares only their columns).
+    vocab_size rows) is written into the module in place.
     """
     import torch
 
@@ -128,7 +120,7 @@ def load_dequantized(torch_model, quantized: dict, quantization, vocab_size: int
             weight = torch.from_numpy(dequantize(codes, scales, zero_points, k, quantization))
             if name == "lm_head":
                 full = module.weight.detach().clone().float()
-                full[torch.as_tensor(head_rows) if head_rows is not None else slice(0, vocab_size)] = weight
+                full[:vocab_size] = weight
                 module.weight = torch.nn.Parameter(full)
             elif isinstance(module, torch.nn.Embedding):
                 module.weight[: weight.shape[0]].copy_(weight)

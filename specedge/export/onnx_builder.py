@@ -18,6 +18,8 @@ IR_VERSION = 12                       # the IR version that opset 24 came with (
 ALIGN = 4096
 INLINE_LIMIT_BYTES = 1024
 
+FLOAT_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
+
 _ONNX_DTYPES = {
     np.dtype(np.float32): TensorProto.FLOAT,
     np.dtype(np.float16): TensorProto.FLOAT16,
@@ -31,8 +33,11 @@ _ONNX_DTYPES = {
 class GraphBuilder:
     """Collects nodes; `weight()` writes tensors to the external data file immediately."""
 
-    def __init__(self, onnx_path: Path, graph_name: str):
+    def __init__(self, onnx_path: Path, graph_name: str, float_dtype: str = "float32"):
+        """float_dtype: how float32 weights are stored ("float32", "float16", "bfloat16"); `weight(keep=True)`
+        keeps one in float32 (norms and softmax run in float32 in a half-precision graph)."""
         self.onnx_path = Path(onnx_path)
+        self.float_dtype, self.float_type = float_dtype, FLOAT_TYPES[float_dtype]
         self.data_name = self.onnx_path.name + ".data"
         self._data = open(self.onnx_path.parent / self.data_name, "wb")
         self._offset = 0
@@ -49,13 +54,19 @@ class GraphBuilder:
         self._count += 1
         return f"{hint}_{self._count}"
 
-    def weight(self, name: str, array: np.ndarray) -> str:
-        """Adds a constant tensor; large ones go to external data right away."""
+    def weight(self, name: str, array: np.ndarray, keep: bool = False) -> str:
+        """Adds a constant tensor; large ones go to external data right away. A float32 array is stored in the
+        graph's float dtype unless `keep`."""
         array = np.ascontiguousarray(array)
         if array.dtype not in _ONNX_DTYPES:
             raise TypeError(f"unsupported initializer dtype {array.dtype} for {name}")
+        data_type = _ONNX_DTYPES[array.dtype]
+        if array.dtype == np.float32 and not keep and self.float_dtype != "float32":
+            array, data_type = _to_half(array, self.float_dtype), self.float_type
         if array.nbytes <= INLINE_LIMIT_BYTES:
-            self.initializers.append(numpy_helper.from_array(array, name))
+            tensor = numpy_helper.from_array(array, name)
+            tensor.data_type = data_type                 # bfloat16 travels as its raw 16-bit patterns
+            self.initializers.append(tensor)
             return name
         pad = (-self._offset) % ALIGN
         if pad:
@@ -64,7 +75,7 @@ class GraphBuilder:
         self._data.write(array.tobytes())
         tensor = TensorProto()
         tensor.name = name
-        tensor.data_type = _ONNX_DTYPES[array.dtype]
+        tensor.data_type = data_type
         tensor.dims.extend(array.shape)
         tensor.data_location = TensorProto.EXTERNAL
         for key, value in (("location", self.data_name), ("offset", str(self._offset)),
@@ -76,8 +87,18 @@ class GraphBuilder:
         self.weight_bytes += array.nbytes
         return name
 
-    def const(self, value, dtype=np.int64, hint: str = "const") -> str:
-        return self.weight(self._fresh(hint), np.asarray(value, dtype=dtype))
+    def const(self, value, dtype=np.int64, hint: str = "const", keep: bool = False) -> str:
+        return self.weight(self._fresh(hint), np.asarray(value, dtype=dtype), keep=keep)
+
+    def to_float32(self, x: str) -> str:
+        """x in the graph's float dtype -> float32 (nothing in a float32 graph)."""
+        return x if self.float_dtype == "float32" else self.op("Cast", x, to=TensorProto.FLOAT)
+
+    def from_float32(self, x: str, out_name: str | None = None) -> str:
+        """x float32 -> the graph's float dtype (nothing in a float32 graph)."""
+        if self.float_dtype == "float32":
+            return x
+        return self.op("Cast", x, to=self.float_type, out_names=[out_name])
 
     def input(self, name: str, elem_type: int, shape: list) -> str:
         self.inputs.append(helper.make_tensor_value_info(name, elem_type, shape))
@@ -111,3 +132,12 @@ class GraphBuilder:
         with open(self.onnx_path, "wb") as f:
             f.write(model.SerializeToString())
         onnx.checker.check_model(str(self.onnx_path))
+
+
+def _to_half(array: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 -> float16, or bfloat16 as uint16 bit patterns (round to nearest even, NaN kept NaN)."""
+    if dtype == "float16":
+        return array.astype(np.float16)
+    bits = array.view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(array), np.uint16(0x7FC0), rounded)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from specedge import __version__
 from specedge.errors import ExportError
-from specedge.export.draft_vocab import DRAFT_VOCAB_FILE, choose_subset, corpus_texts, coverage, token_counts
 from specedge.export.check import check_graph, load_dequantized, prompt_agreement, random_ids, reference_logits
-from specedge.export.onnx_builder import GraphBuilder
+from specedge.export.dtype_audit import audit_dtype
+from specedge.export.onnx_builder import FLOAT_TYPES, GraphBuilder
 from specedge.export.quantize import Quantization, parse_quantization
 from specedge.export.sources import Source, open_source
 from specedge.export.step_graph import ATTENTION_VARIANTS, StepGraph
@@ -25,6 +25,8 @@ from specedge.runtime.manifest import FORMAT, FORMAT_VERSION, MANIFEST, file_rec
 MIN_SEQ_LEN = 32
 MAX_DRAFT_LIMIT = 32
 DEFAULT_ATTENTION = "gqa"                # "standard" runs batches; which is faster is measured per machine
+DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+CHECK_DIR = ".float32-check"             # a half-precision bundle's float32 copies, checked, then removed
 
 
 class Progress:
@@ -53,25 +55,31 @@ def default_tolerance(max_abs_logit: float, quantization: Quantization | None = 
 def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: int = 2048, max_draft: int = 8,
                   tolerance: float | None = None, force: bool = False, progress=print,
                   quantize: str | None = None, draft_quantize: str | None = None, block_size: int = 32,
-                  accuracy_level: int = 4, attention: str = DEFAULT_ATTENTION, draft_vocab: int | None = None,
-                  draft_vocab_from: str | None = None, quantize_embeddings: bool | None = None) -> Path:
+                  accuracy_level: int = 4, attention: str = DEFAULT_ATTENTION, quantize_embeddings: bool | None = None,
+                  dtype: str = "float32", check: bool = True) -> Path:
     """quantize: "none" | "int4" | "int8" for the target, and the draft unless draft_quantize says otherwise;
     attention: "gqa" (GroupQueryAttention, one row a call) | "standard" (standard ops, any batch; see
-    step_graph.py); draft_vocab: N tokens for the draft's LM head, the most frequent in the corpus
-    draft_vocab_from (see draft_vocab.py);
+    step_graph.py);
     quantize_embeddings: the embedding tables of quantized models too (see StepGraph.embedding); None: on
     whenever a model is quantized (a decode step gathers one row either way, and the table shrinks ~7x at
-    int4), False: fp32 tables."""
+    int4), False: fp32 tables;
+    dtype: "float32" | "float16" | "bfloat16" (also "fp32", "fp16", "bf16"): weights, activations and KV buffers
+    of both graphs; norms and softmax run in float32 and logits come out in float32 either way. Checked against
+    transformers through a float32 copy of the same graph, plus an audit of the half-precision graph
+    (dtype_audit.py), and a float16 graph also on onnxruntime's CPU provider (which has no bfloat16 MatMul);
+    check: False writes the graphs unchecked (timing bundles of random weights, scripts/gpu_check.py only)."""
     out = Path(out).expanduser().absolute()
+    dtype = DTYPE_ALIASES.get(dtype, dtype)
+    if dtype not in FLOAT_TYPES:
+        raise ExportError(f"--dtype must be one of fp32, fp16, bf16, got '{dtype}'")
     if attention not in ATTENTION_VARIANTS:
         raise ExportError(f"--attention must be one of {', '.join(ATTENTION_VARIANTS)}, got '{attention}'")
-    if draft_vocab is not None and draft is None:
-        raise ExportError("--draft-vocab needs a draft model")
-    if draft_vocab is not None and not draft_vocab_from:
-        raise ExportError("--draft-vocab needs --draft-vocab-from FILE (a corpus to count token frequencies in)")
     _validate(out, max_seq_len, max_draft, force)
     quantizations = {"target": parse_quantization(quantize, block_size, accuracy_level),
                      "draft": parse_quantization(draft_quantize or quantize, block_size, accuracy_level)}
+    if dtype == "bfloat16" and any(quantizations.values()):
+        raise ExportError("--dtype bf16 cannot be combined with --quantize/--draft-quantize (MatMulNBits runs "
+                          "float32 or float16 activations); use --dtype fp16 for quantized half-precision bundles")
     if quantize_embeddings is None:
         quantize_embeddings = any(quantizations.values())
     if quantize_embeddings and not any(quantizations.values()):
@@ -88,18 +96,11 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
         vocab_size = _shared_vocab(sources, say)
         tokenizer_info = write_tokenizer(sources["target"].tokenizer, work)
         prompts = _check_prompts(sources["target"].tokenizer, vocab_size)
-        counts = None
-        if draft_vocab is not None:
-            say(f"counting token frequencies in {draft_vocab_from}")
-            counts = token_counts(sources["target"].tokenizer, corpus_texts(draft_vocab_from), vocab_size)
         models, eos_ids = {}, []
         for role, source in sources.items():
-            head = None
-            if role == "draft" and counts is not None:
-                head = _draft_head(counts, draft_vocab, vocab_size, eos_ids, draft_vocab_from, work, say)
             models[role], ids = _export_model(role, source, work, vocab_size, max_seq_len, max_draft, tolerance,
-                                              say, quantizations[role], prompts, attention, head,
-                                              quantize_embeddings)
+                                              say, quantizations[role], prompts, attention, quantize_embeddings,
+                                              dtype, check)
             eos_ids += [i for i in ids if i not in eos_ids and i < vocab_size]
         if not eos_ids:
             raise ExportError("the source models name no end-of-sequence token")
@@ -107,10 +108,11 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
             "format": FORMAT, "format_version": FORMAT_VERSION, "specedge_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "vocab_size": vocab_size, "eos_token_ids": eos_ids, "max_seq_len": max_seq_len,
-            "max_draft": max_draft, "dtype": "float32", "tokenizer": tokenizer_info, "models": models,
+            "max_draft": max_draft, "dtype": dtype, "tokenizer": tokenizer_info, "models": models,
             "engines": {},
         }
         say("hashing files")
+        shutil.rmtree(work / CHECK_DIR, ignore_errors=True)
         manifest["files"] = {p.name: file_record(p) for p in sorted(work.iterdir()) if p.is_file()}
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         read_manifest(work)                                  # what the runtime will check, checked here first
@@ -162,19 +164,44 @@ def _check_prompts(tokenizer, vocab_size: int) -> list[list[int]]:
     return [ids for ids in ([i for i in e if i < vocab_size] for e in encoded) if len(ids) >= 2]
 
 
-def _draft_head(counts, size: int, vocab_size: int, eos_ids: list[int], corpus: str, work: Path, say) -> dict:
-    rows = choose_subset(counts, size, vocab_size, always=eos_ids)
-    (work / DRAFT_VOCAB_FILE).write_text(json.dumps(rows.tolist()) + "\n")
-    share = coverage(counts, rows)
-    say(f"draft: LM head keeps {size} of {vocab_size} tokens ({100 * share:.1f}% of the corpus's tokens)")
-    return {"rows": rows, "record": {"file": DRAFT_VOCAB_FILE, "size": size, "corpus": str(corpus),
-                                     "corpus_tokens": sum(counts.values()), "corpus_coverage": share}}
+def _write_graph(path: Path, role: str, spec, family, state: dict, max_seq_len: int, max_draft: int,
+                 quantization: Quantization | None, attention: str, quantize_embedding: bool,
+                 dtype: str) -> tuple[StepGraph, GraphBuilder]:
+    weights = WeightTable(state.keys(), lambda name: state[name].detach().float().numpy(),
+                          ignore=("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias"))
+    builder = GraphBuilder(path, f"specedge_{role}", float_dtype=dtype)
+    graph = StepGraph(builder, spec, max_seq_len, max_draft, quantization, attention, quantize_embedding)
+    family.build(graph, spec, weights)
+    weights.finish()
+    builder.save()
+    return graph, builder
+
+
+def half_tolerance(max_abs_logit: float, quantization: Quantization | None) -> float:
+    """float16 activations carry ~3 significant digits through every layer: allow 5% of the largest logit
+    (on top of what quantization allows); a wrong graph is off by the whole logit range."""
+    return default_tolerance(max_abs_logit, quantization) + 0.05 * max_abs_logit
+
+
+def _half_check(path: Path, entry: dict, reference, ids, vocab_size: int, max_seq_len: int, quantization,
+                role: str, say) -> dict:
+    """The float16 graph itself on onnxruntime's CPU provider against the same reference, with its tolerance."""
+    check = check_graph(path, entry, reference, ids, vocab_size, max_seq_len, "")
+    limit = half_tolerance(check["max_abs_logit"], quantization)
+    say(f"{role}: float16 graph on the CPU provider: max logit error {check['max_abs_logit_error']:.2e} (tolerance "
+        f"{limit:.2e}), top-1 agreement {check['top1_agreement']:.3f}, verify rows bitwise equal to single steps: "
+        f"{'yes' if check['verify_rows_bitwise_equal'] else 'NO'}")
+    if not check["max_abs_logit_error"] <= limit or not check["ids_equal_argmax"]:
+        raise ExportError(f"{role}: the float16 graph differs from transformers by {check['max_abs_logit_error']:.3g} "
+                          f"(tolerance {limit:.3g}); nothing was written")
+    keep = ("max_abs_logit_error", "top1_agreement", "verify_rows_bitwise_equal", "batch_rows_bitwise_equal",
+            "min_rows")
+    return {**{k: check[k] for k in keep if k in check}, "tolerance": limit}
 
 
 def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_seq_len: int, max_draft: int,
                   tolerance: float | None, say, quantization: Quantization | None,
-                  prompts: list[list[int]], attention: str, head: dict | None = None,
-                  quantize_embedding: bool = False) -> tuple[dict, list[int]]:
+                  prompts: list[list[int]], attention: str, quantize_embedding: bool = False, dtype: str = "float32", run_checks: bool = True) -> tuple[dict, list[int]]:
     cfg = source.config
     architecture, family = architecture_of(cfg)
     spec = family.spec_from_config(cfg, architecture)
@@ -188,18 +215,21 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     model = source.load_model()
     eos_ids = source.eos_token_ids(model)
     state = model.state_dict()
-    weights = WeightTable(state.keys(), lambda name: state[name].detach().float().numpy(),
-                          ignore=("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias"))
-    path = work / f"{role}.onnx"
-    builder = GraphBuilder(path, f"specedge_{role}")
+    final = work / f"{role}.onnx"
+    path = final
+    if dtype != "float32" and run_checks:        # checked as a float32 copy of the same graph (see export_bundle)
+        (work / CHECK_DIR).mkdir(exist_ok=True)
+        path = work / CHECK_DIR / final.name
     weights_kind = quantization.name if quantization else "float32"
-    say(f"{role}: writing step graph ({weights_kind} weights)")
-    head_rows = head["rows"] if head else None
-    graph = StepGraph(builder, spec, max_seq_len, max_draft, quantization, attention, head_rows, quantize_embedding)
-    family.build(graph, spec, weights)
-    weights.finish()
-    builder.save()
-    del state, weights
+    say(f"{role}: writing step graph ({weights_kind} weights{', float32 copy for the check' if path != final else ''})")
+    graph, builder = _write_graph(path, role, spec, family, state, max_seq_len, max_draft, quantization, attention,
+                                  quantize_embedding, "float32" if run_checks else dtype)
+    half = None
+    if dtype != "float32" and run_checks:                  # before the check dequantizes the model's weights in place
+        say(f"{role}: writing the {dtype} step graph")
+        half = _write_graph(final, role, spec, family, state, max_seq_len, max_draft, quantization, attention,
+                            quantize_embedding, dtype)
+        half[0].quantized.clear()
     entry = {
         "file": path.name, "architecture": architecture, "source": source.description,
         "source_kind": source.kind, "graph_variant": graph.graph_variant, "max_batch": graph.max_batch,
@@ -208,26 +238,27 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
         "kv": {"num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                "dtype": "float32", "slots": graph.kv_slots},
     }
-    if head:
-        entry["logit_rows"], entry["vocab_subset"] = len(head_rows), head["record"]
+    if not run_checks:
+        entry["kv"]["dtype"] = dtype
+        entry["export_check"] = {"skipped": "exported unchecked, for timing only (export_bundle(check=False))"}
+        return entry, eos_ids
     ids = random_ids(vocab_size)
     quality = None
     if quantization is not None:
         entry["quantization"] = {**quantization.to_json(), "embedding": graph.quantize_embedding}
-    if quantization is not None or head:                       # the graph deliberately differs from its source
-        lighter = " ".join(filter(None, [quantization and weights_kind, head and f"{len(head_rows)}-token head"]))
-        say(f"{role}: measuring the {lighter} graph against the source model on {len(prompts)} prompts")
-        quality = prompt_agreement(path, entry, model, prompts, vocab_size, max_seq_len, head_rows)
+    if quantization is not None:                               # the graph deliberately differs from its source
+        say(f"{role}: measuring the {weights_kind} graph against the source model on {len(prompts)} prompts")
+        quality = prompt_agreement(path, entry, model, prompts, vocab_size, max_seq_len)
         say(f"{role}: top-1 agreement {quality['top1_agreement']:.3f} over {quality['positions']} positions, "
             f"max logit error {quality['max_abs_logit_error']:.3g}")
     if quantization is not None:
-        load_dequantized(model, graph.quantized, quantization, vocab_size, conv1d=spec.family == "gpt2",
-                         head_rows=head_rows)
+        load_dequantized(model, graph.quantized, quantization, vocab_size, conv1d=spec.family == "gpt2")
     graph.quantized.clear()
     say(f"{role}: checking the graph against transformers (prefill + multi-token steps"
         f"{', dequantized weights' if quantization else ''})")
-    check = check_graph(path, entry, reference_logits(model, ids, vocab_size), ids, vocab_size, max_seq_len,
-                        " (dequantized weights)" if quantization else "", head_rows)
+    reference = reference_logits(model, ids, vocab_size)
+    check = check_graph(path, entry, reference, ids, vocab_size, max_seq_len,
+                        " (dequantized weights)" if quantization else "")
     limit = tolerance if tolerance is not None else default_tolerance(check["max_abs_logit"], quantization)
     check["tolerance"] = limit
     say(f"{role}: max logit error {check['max_abs_logit_error']:.2e} (tolerance {limit:.2e}), "
@@ -249,6 +280,16 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     if quality is not None:
         check["vs_source"] = quality
     entry["export_check"] = check
-    del model
+    if half is not None:
+        graph, builder = half
+        entry.update(io=graph.io(), weight_bytes=builder.weight_bytes, embedding_bytes=graph.embedding_bytes)
+        entry["kv"]["dtype"] = dtype
+        check["checked_as"] = "a float32 copy of the same graph (half-precision numerics: scripts/gpu_check.py)"
+        check["dtype_audit"] = audit_dtype(final, dtype)
+        say(f"{role}: {dtype} graph audited: {check['dtype_audit']['summary']}")
+        if dtype == "float16":                   # onnxruntime's CPU provider runs float16 graphs (not bfloat16)
+            check["float16_on_cpu"] = _half_check(final, entry, reference, ids, vocab_size, max_seq_len,
+                                                  quantization, role, say)
+    del model, state
     gc.collect()
     return entry, eos_ids

@@ -53,7 +53,8 @@ from specedge.models.spec import ModelSpec, rope_inv_freq
 
 ATTENTION_VARIANTS = {"gqa": "static-kv-gqa-v3", "standard": "static-kv-standard-v1"}
 MAX_BATCH = {"gqa": 1, "standard": None}        # rows one call may carry (None: any)
-_DTYPE_NAMES = {TensorProto.INT64: "int64", TensorProto.FLOAT: "float32"}
+_DTYPE_NAMES = {TensorProto.INT64: "int64", TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16",
+                TensorProto.BFLOAT16: "bfloat16"}
 
 
 class StepGraph:
@@ -63,13 +64,12 @@ class StepGraph:
 
     def __init__(self, builder: GraphBuilder, spec: ModelSpec, max_seq_len: int, max_draft: int,
                  quantization: Quantization | None = None, attention: str = "gqa",
-                 head_rows: np.ndarray | None = None, quantize_embedding: bool = False):
-        """head_rows: token ids the LM head keeps (a lighter draft head, see draft_vocab.py); None = all.
-        quantize_embedding: the embedding table too, gathered by GatherBlockQuantized (needs quantization)."""
+                 quantize_embedding: bool = False):
+        """quantize_embedding: the embedding table too, gathered by GatherBlockQuantized (needs quantization)."""
         if attention not in ATTENTION_VARIANTS:
             raise ValueError(f"unknown attention variant '{attention}'")
         self.b, self.spec, self.max_seq_len, self.quantization = builder, spec, max_seq_len, quantization
-        self.head_rows = head_rows
+        self.float = builder.float_type          # KV buffers and activations; norms, softmax and logits float32
         self.graph_variant, self.max_batch = ATTENTION_VARIANTS[attention], MAX_BATCH[attention]
         self.quantize_embedding = quantize_embedding and quantization is not None
         self.embedding_bytes = 0
@@ -86,8 +86,8 @@ class StepGraph:
         self.ids = b.input("input_ids", TensorProto.INT64, ["batch", "step"])
         self.positions = b.input("position_ids", TensorProto.INT64, ["batch", "step"])
         self.logit_rows = b.input("logit_rows", TensorProto.INT64, ["batch", "logit_rows"])
-        self.past = [(b.input(f"past_key.{i}", TensorProto.FLOAT, kv_shape),
-                      b.input(f"past_value.{i}", TensorProto.FLOAT, kv_shape))
+        self.past = [(b.input(f"past_key.{i}", self.float, kv_shape),
+                      b.input(f"past_value.{i}", self.float, kv_shape))
                      for i in range(spec.num_layers)]
         if self.gqa:
             self._extra_row()
@@ -101,8 +101,8 @@ class StepGraph:
             self.cos_sin = self._rope_caches()
         else:
             self.cos_sin = self._rope_tables()
-        self.scale = b.const(np.float32(1.0 / np.sqrt(spec.head_dim)), np.float32, "attn_scale")
-        self.masked = b.const(np.float32(np.finfo(np.float32).min), np.float32, "masked")
+        self.scale = b.const(np.float32(1.0 / np.sqrt(spec.head_dim)), np.float32, "attn_scale", keep=True)
+        self.masked = b.const(np.float32(np.finfo(np.float32).min), np.float32, "masked", keep=True)
 
     def _last_row(self, x: str) -> str:
         """x [B, T, ...] -> [B, 1, ...]"""
@@ -142,11 +142,13 @@ class StepGraph:
     def _rope_tables(self) -> tuple[str, str]:
         """standard: cos/sin of each row's angles, computed from its position [B, 1, T, D/2]."""
         b = self.b
-        inv_freq = b.weight("rope.inv_freq", rope_inv_freq(self.spec.rope, self.spec.head_dim).reshape(1, 1, -1))
+        inv_freq = b.weight("rope.inv_freq", rope_inv_freq(self.spec.rope, self.spec.head_dim).reshape(1, 1, -1),
+                            keep=True)                                                    # angles in float32
         pos = b.op("Unsqueeze", b.op("Cast", self.positions, to=TensorProto.FLOAT), b.const([2]))  # [B, T, 1]
         freqs = b.op("Mul", pos, inv_freq)                                                # [B, T, D/2]
         axis = b.const([1])
-        return b.op("Unsqueeze", b.op("Cos", freqs), axis), b.op("Unsqueeze", b.op("Sin", freqs), axis)
+        cos, sin = b.from_float32(b.op("Cos", freqs)), b.from_float32(b.op("Sin", freqs))
+        return b.op("Unsqueeze", cos, axis), b.op("Unsqueeze", sin, axis)
 
     def _rope_caches(self) -> tuple[str, str]:
         """gqa: cos/sin of every slot's angles [S, D/2], for com.microsoft.RotaryEmbedding: one node per
@@ -245,8 +247,8 @@ class StepGraph:
 
     def _present(self, layer: int, present_k: str, present_v: str) -> None:
         kv_shape = ["batch", self.spec.num_kv_heads, self.kv_slots, self.spec.head_dim]
-        self.b.output(present_k, f"present_key.{layer}", TensorProto.FLOAT, kv_shape)
-        self.b.output(present_v, f"present_value.{layer}", TensorProto.FLOAT, kv_shape)
+        self.b.output(present_k, f"present_key.{layer}", self.float, kv_shape)
+        self.b.output(present_v, f"present_value.{layer}", self.float, kv_shape)
 
     def attention(self, layer: int, qkv: str) -> str:
         """qkv [B, T, (H + 2 H_kv)*D], the fused projection -> context [B, T, H*D]; writes layer's K/V in
@@ -271,8 +273,9 @@ class StepGraph:
         if self.groups == 1:
             q = b.op("Concat", q, q, axis=2)                                              # [B, H, 2T, D]
         scores = b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 3, 2]))            # [B, Hkv, R*T, S]
-        scores = b.op("Where", self.visible, b.op("Mul", scores, self.scale), self.masked)
-        context = b.op("MatMul", b.op("Softmax", scores, axis=-1), values)                # [B, Hkv, R*T, D]
+        scores = b.op("Mul", b.to_float32(scores), self.scale)                             # softmax in float32
+        scores = b.op("Where", self.visible, scores, self.masked)
+        context = b.op("MatMul", b.from_float32(b.op("Softmax", scores, axis=-1)), values)  # [B, Hkv, R*T, D]
         if self.groups == 1:
             context = b.op("Split", context, axis=2, num_outputs=2, n_out=2)[0]            # [B, H, T, D]
         context = b.op("Reshape", context, b.const([0, s.num_heads, -1, s.head_dim]))    # [B, H, T, D]
@@ -303,32 +306,27 @@ class StepGraph:
         """hidden [B, T, E], head [V, E] (HF layout) -> logits [B, n, V] of the rows logit_rows names, and their
         argmax ids [B, n].
 
-        An fp32 head tied to the embedding shares its initializer; a quantized or row-subset one gets its
-        own copy. With head_rows, the n columns are those tokens' [B, n, len(head_rows)], and ids are mapped
-        back to token ids through head_rows.
+        An fp32 head tied to the embedding shares its initializer; a quantized one gets its own copy.
         """
-        if self.head_rows is not None:
-            head, tied_embedding = head[self.head_rows], None
         b, v = self.b, head.shape[0]
         index = b.op("Unsqueeze", self.logit_rows, b.const([2]))                          # [B, n, 1]
         rows = b.op("GatherND", hidden, index, batch_dims=1)                              # [B, n, E]
         # outputs are their nodes' own tensors: an Identity before a graph output that is also read (by ArgMax)
         # stays in the optimized graph, a copy of the logits every step
+        half = self.float != TensorProto.FLOAT            # a half-precision graph's logits come out as float32
+        named = None if half else "logits"
         if self.quantization is not None:
-            logits = self._matmul_nbits(rows, "lm_head", head, out="logits")             # [B, n, V]
+            logits = self._matmul_nbits(rows, "lm_head", head, out=named)                 # [B, n, V]
         else:
             head_name = tied_embedding or b.weight("lm_head.weight", head)
             flat = b.op("Reshape", rows, b.const([-1, self.spec.hidden_size]))
             logits = b.op("Gemm", flat, head_name, transB=1)                              # [B*n, V]
             shape = b.op("Concat", b.op("Shape", self.logit_rows), b.const([v]), axis=0)
-            logits = b.op("Reshape", logits, shape, out_names=["logits"])
+            logits = b.op("Reshape", logits, shape, out_names=[named])
+        if half:
+            logits = b.op("Cast", logits, to=TensorProto.FLOAT, out_names=["logits"])
         b.output(logits, "logits", TensorProto.FLOAT, ["batch", "logit_rows", v])
-        if self.head_rows is None:
-            ids = b.op("ArgMax", logits, axis=-1, keepdims=0, select_last_index=0, out_names=["ids"])   # [B, n]
-        else:                                                                             # columns -> token ids
-            column = b.op("ArgMax", logits, axis=-1, keepdims=0, select_last_index=0)
-            token_ids = b.weight("lm_head.token_ids", np.asarray(self.head_rows, np.int64))
-            ids = b.op("Gather", token_ids, column, axis=0, out_names=["ids"])
+        ids = b.op("ArgMax", logits, axis=-1, keepdims=0, select_last_index=0, out_names=["ids"])   # [B, n]
         b.output(ids, "ids", TensorProto.INT64, ["batch", "logit_rows"])
 
     def io(self) -> dict:

@@ -43,9 +43,10 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         return graph.linear(x, prefix, weight.T, weights.take(f"{prefix}.bias", (n_out,)))
 
     def layer_norm(x: str, prefix: str) -> str:
-        w = b.weight(f"{prefix}.weight", weights.take(f"{prefix}.weight", (e,)))
-        bias = b.weight(f"{prefix}.bias", weights.take(f"{prefix}.bias", (e,)))
-        return b.op("LayerNormalization", x, w, bias, axis=-1, epsilon=spec.norm_eps)
+        """In float32 whatever the graph's dtype."""
+        w = b.weight(f"{prefix}.weight", weights.take(f"{prefix}.weight", (e,)), keep=True)
+        bias = b.weight(f"{prefix}.bias", weights.take(f"{prefix}.bias", (e,)), keep=True)
+        return b.from_float32(b.op("LayerNormalization", b.to_float32(x), w, bias, axis=-1, epsilon=spec.norm_eps))
 
     def gelu(x: str) -> str:
         half = b.const(0.5, dtype="float32", hint="half")

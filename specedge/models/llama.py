@@ -43,11 +43,13 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         return graph.linear(x, *part(prefix, n_in, n_out, has_bias))
 
     def rms_norm(x: str, name: str) -> str:
-        w = b.weight(name, weights.take(name, (e,)))
-        two = b.const(2.0, dtype="float32", hint="two")
+        """In float32 whatever the graph's dtype (a half-precision sum of squares overflows)."""
+        w = b.weight(name, weights.take(name, (e,)), keep=True)
+        two = b.const(2.0, dtype="float32", hint="two", keep=True)
+        x = b.to_float32(x)
         variance = b.op("ReduceMean", b.op("Pow", x, two), b.const([-1]), keepdims=1)
-        eps = b.const(spec.norm_eps, dtype="float32", hint="eps")
-        return b.op("Mul", b.op("Div", x, b.op("Sqrt", b.op("Add", variance, eps))), w)
+        eps = b.const(spec.norm_eps, dtype="float32", hint="eps", keep=True)
+        return b.from_float32(b.op("Mul", b.op("Div", x, b.op("Sqrt", b.op("Add", variance, eps))), w))
 
     embed_rows = weights.take("model.embed_tokens.weight", (spec.vocab_rows, e))[: spec.vocab_size]
     x, embed = graph.embedding("model.embed_tokens.weight", embed_rows, graph.ids)    # [B, T, E]

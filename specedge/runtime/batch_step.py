@@ -24,7 +24,6 @@ from specedge.runtime.verify import accept_greedy_ids, accept_sampled
 class Models:
     target: ModelBackend
     draft: ModelBackend | None
-    head_ids: np.ndarray | None     # [columns]: token id of each draft logit column (a lighter head), or None
     vocab_size: int
     max_seq_len: int
     max_draft: int
@@ -39,7 +38,8 @@ class StepRecord:
     rejections: list[dict] = field(default_factory=list)   # at each row's first rejection
     draft_calls: int = 0
     draft_rows: int = 0             # rows in the widest draft call (live rows and the dummies before them)
-    draft_s: float = 0.0            # wall time of the draft phase (calls + host work)
+    draft_s: float = 0.0            # wall time of the draft phase (calls + host work), catch-up included
+    catch_up_s: float = 0.0         # ... of which feeding drafts that fell behind (not a cost of drafting k)
     verify_s: float = 0.0           # wall time of the verify phase (call + acceptance + commit bookkeeping)
     model_s: float = 0.0            # time inside backend calls
     verify_tokens: int = 0          # B x T of the verify call
@@ -54,17 +54,16 @@ def _timed(fn, *args, **kwargs):
 
 
 def catch_up(m: Models, s: Sequence) -> float:
-    """A draft more than two tokens behind (skipped steps) is fed alone, all but the last missing token, so that
-    the shared draft calls stay short (T <= 2) and within every row's headroom. -> seconds in calls."""
-    behind = s.tokens[s.dft_pos:-1]
-    spent = 0.0
-    while behind:
-        chunk = behind[: m.draft.max_step]
-        behind = behind[len(chunk):]
-        _, seconds = _timed(m.draft.run, [s.dft_pos], [chunk], [0], lo=s.slot, want="ids")
-        spent += seconds
-        s.dft_pos += len(chunk)
-    return spent
+    """A draft more than two tokens behind (skipped steps, or a prompt it was not fed while speculation was off)
+    is fed alone, all but the last missing token, so that the shared draft calls stay short (T <= 2) and within
+    every row's headroom; at most one chunk a step, so that no other row stalls longer than one chunk (a row
+    still behind sits this step's drafting out). -> seconds in calls."""
+    chunk = s.tokens[s.dft_pos:-1][: m.draft.max_step]
+    if not chunk:
+        return 0.0
+    _, seconds = _timed(m.draft.run, [s.dft_pos], [chunk], [0], lo=s.slot, want="ids")
+    s.dft_pos += len(chunk)
+    return seconds
 
 
 def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: StepRecord):
@@ -73,9 +72,16 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
     drafts = {id(s): lookup_for(s.drafter, s.tokens, s.k) if s.k else [] for s in rows}
     q_rows = {id(s): [] for s in rows}
     live = [s for s in rows if s.k and s.uses_draft_model and not drafts[id(s)]]
+    # a draft far behind (it was not fed while speculation was off) catches up only if the row still has at least as
+    # many tokens to go as the draft lacks: catching up costs about a prefill of what it lacks, which a few
+    # speculative steps at the end of a request do not earn back
+    live = [s for s in live if len(s.tokens) - s.dft_pos <= s.opts.max_new_tokens - s.n_new]
     for s in live:
         if len(s.tokens) - s.dft_pos > 2:
-            record.model_s += catch_up(m, s)
+            seconds = catch_up(m, s)
+            record.model_s += seconds
+            record.catch_up_s += seconds
+    live = [s for s in live if len(s.tokens) - s.dft_pos <= 2]
     confidences = {id(s): [] for s in live}
     calls = {id(s): 0 for s in live}           # draft-model calls each row took part in
     step = 0
@@ -99,13 +105,13 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
                 token, confidence = int(row), None
             elif s.warp.greedy:
                 column = int(row.argmax())
-                token = column if m.head_ids is None else int(m.head_ids[column])
+                token = column
                 confidence = float(1.0 / np.exp(row - row[column]).sum()) if s.policy.early_stop else None
             else:
                 q = s.warp.probs(row[None])[0]
                 column = draw(q, s.rng)
-                token = column if m.head_ids is None else int(m.head_ids[column])
-                q_rows[id(s)].append(q if m.head_ids is None else _full_vocab(q, m.head_ids, m.vocab_size))
+                token = column
+                q_rows[id(s)].append(q)
                 confidence = float(q[column])
             drafts[id(s)].append(token)
             if s.policy.early_stop:
@@ -122,12 +128,6 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
         else:
             q[id(s)] = np.stack(q_rows[id(s)]) if q_rows[id(s)] else one_hot(d, m.vocab_size)
     return drafts, q, confidences, calls
-
-
-def _full_vocab(q: np.ndarray, head_ids: np.ndarray, vocab_size: int) -> np.ndarray:
-    full = np.zeros(vocab_size, q.dtype)                 # [V]: zero outside the head's tokens
-    full[head_ids] = q
-    return full
 
 
 def speculative_step(m: Models, rows: list[Sequence], span: list[Sequence]) -> tuple[StepRecord, dict]:

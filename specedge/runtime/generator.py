@@ -7,7 +7,6 @@ background=True, by a worker thread. Nothing per request lives here.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import replace
@@ -17,7 +16,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from specedge.errors import BundleError, OptionError, SpecedgeError
-from specedge.runtime.backends import open_backend
+from specedge.runtime.backends import choose_backend, open_backend
 from specedge.runtime.batch_step import Models
 from specedge.runtime.chat import render_chat
 from specedge.runtime.manifest import read_manifest
@@ -35,7 +34,8 @@ DEFAULT_MAX_QUEUE = 64
 class Generator:
     def __init__(self, bundle: str | Path, backend: str = "cpu", threads: int | None = None,
                  target_rows: str | int = "auto", max_batch: int = 1, max_queue: int = DEFAULT_MAX_QUEUE,
-                 background: bool = False, spinning: bool | None = None):
+                 background: bool = False, spinning: bool | None = None, device_id: int = 0,
+                 cuda_graphs: bool = True, backend_options: dict | None = None):
         if not isinstance(max_batch, int) or max_batch < 1:
             raise OptionError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         if not isinstance(max_queue, int) or max_queue < 0:
@@ -44,6 +44,9 @@ class Generator:
             raise OptionError(f"target_rows must be 'auto', 1 or 2, got {target_rows!r}")
         self.path = Path(bundle)
         self.manifest = m = read_manifest(self.path)
+        self.backend_choice = None                          # what `auto` picked, and why
+        if backend == "auto":
+            backend, self.backend_choice = choose_backend(m)
         self.backend_name, self.max_batch = backend, max_batch
         self.max_seq_len, self.max_draft, self.vocab_size = m["max_seq_len"], m["max_draft"], m["vocab_size"]
         self.eos_ids = frozenset(m["eos_token_ids"])
@@ -55,20 +58,25 @@ class Generator:
         self.chat_template = (self.path / template).read_text() if template else None
         max_step = max(PREFILL_CHUNK, self.max_draft + 2)
         models = m["models"]
-        # two sessions taking turns fight over few cores while idle threads spin (backends/cpu.py)
-        options = {"spinning": "draft" not in models if spinning is None else spinning} if backend == "cpu" else {}
+        options, widths = dict(backend_options or {}), {"target": 0, "draft": 0}
+        if backend == "cpu":        # two sessions taking turns fight over few cores while idle threads spin (cpu.py)
+            options.setdefault("spinning", "draft" not in models if spinning is None else spinning)
+        elif backend in ("cuda", "tensorrt"):
+            options.update(device_id=device_id, cuda_graphs=cuda_graphs)
+            # one shape for every decode call (exact by construction, one CUDA graph): see backends/cuda.py
+            widths = {"target": self.max_draft + 1, "draft": 2}
         self.target = open_backend(backend, self.path / models["target"]["file"], models["target"], self.max_seq_len,
-                                   max_batch=max_batch, threads=threads, max_step=max_step, **options)
+                                   max_batch=max_batch, threads=threads, max_step=max_step,
+                                   **self._with_width(options, widths["target"]))
         self.target_min_rows, self.target_steps_exact = self._set_target_rows(target_rows)
-        self.draft, self.draft_head_ids = None, None
+        self.draft = None
         if "draft" in models:
             entry = models["draft"]
             self.draft = open_backend(backend, self.path / entry["file"], entry, self.max_seq_len,
-                                      max_batch=max_batch, threads=threads, max_step=max_step, **options)
+                                      max_batch=max_batch, threads=threads, max_step=max_step,
+                                      **self._with_width(options, widths["draft"]))
             choose_min_rows(self.draft, self.vocab_size)    # draft rows exact too: seeded sampling in a batch
-            if "vocab_subset" in entry:
-                self.draft_head_ids = self._head_ids(entry)
-        self.models = Models(self.target, self.draft, self.draft_head_ids, self.vocab_size, self.max_seq_len,
+        self.models = Models(self.target, self.draft, self.vocab_size, self.max_seq_len,
                              self.max_draft)
         self.scheduler = Scheduler(self.models, max_batch, max_queue, self.decode)
         self.scheduler.background = background
@@ -76,6 +84,10 @@ class Generator:
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._closed = False
+
+    @staticmethod
+    def _with_width(options: dict, width: int) -> dict:
+        return {"width": width, **options} if width else options        # an explicit width (backend_options) wins
 
     def _set_target_rows(self, target_rows: str | int) -> tuple[int, bool]:
         """A lone target token as 1 or 2 rows -> (rows, whether that equals verify rows here, bit for bit).
@@ -90,16 +102,6 @@ class Generator:
             return exact_rows, True
         self.target.min_rows = 1
         return 1, exact_rows == 1
-
-    def _head_ids(self, entry: dict) -> np.ndarray:
-        """The token id of each logit column of a draft with a lighter head [logit_rows]."""
-        try:
-            ids = np.asarray(json.loads((self.path / entry["vocab_subset"]["file"]).read_text()), np.int64)
-        except (OSError, ValueError) as err:
-            raise BundleError(f"{self.path}: corrupt draft vocabulary ({err})") from err
-        if ids.shape != (entry["logit_rows"],) or ids.min() < 0 or ids.max() >= self.vocab_size:
-            raise BundleError(f"{self.path}: draft vocabulary does not match its head ({entry['logit_rows']} rows)")
-        return ids
 
     # -- public API ---------------------------------------------------------------------------
     @property
@@ -133,14 +135,17 @@ class Generator:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def stream(self, prompt: str, on_token=None, **options) -> Stream:
+    def stream(self, prompt: str, on_token=None, outbox=None, **options) -> Stream:
         """Starts a request; iterate the Stream for text pieces as tokens are committed, then read `.result`.
-        on_token(ids, text) is called on the worker thread for every commit (keep it short)."""
+        on_token(ids, text) is called on the worker thread for every commit (keep it short).
+        outbox: an object with put(event) that receives the request's events instead of the Stream (("text", piece,
+        ids) ..., then ("done", result) or ("error", exc), put on the worker thread; a server's event-loop bridge);
+        the Stream then only cancels."""
         opts = self.options(**options)
-        return self._submit(self.encode(prompt, opts.chat), opts, on_token)
+        return self._submit(self.encode(prompt, opts.chat), opts, on_token, outbox)
 
-    def stream_ids(self, prompt_ids: list[int], on_token=None, **options) -> Stream:
-        return self._submit(list(prompt_ids), self.options(**options), on_token)
+    def stream_ids(self, prompt_ids: list[int], on_token=None, outbox=None, **options) -> Stream:
+        return self._submit(list(prompt_ids), self.options(**options), on_token, outbox)
 
     def generate(self, prompt: str, **options) -> GenerationResult:
         return self.stream(prompt, **options).wait()
@@ -202,7 +207,7 @@ class Generator:
             return "target"
         return opts.policy or (f"fixed:{opts.k}" if opts.k > 0 else "target")
 
-    def _submit(self, prompt_ids: list[int], opts: GenerationOptions, on_token) -> Stream:
+    def _submit(self, prompt_ids: list[int], opts: GenerationOptions, on_token, outbox=None) -> Stream:
         if self._closed:
             raise SpecedgeError("this generator is closed")
         if not prompt_ids:
@@ -219,7 +224,8 @@ class Generator:
                        rng=np.random.default_rng(opts.seed), policy=policy, drafter=drafter,
                        decoder=IncrementalDecoder(self.tokenizer), stops=StopStrings(list(opts.stop)),
                        eos_ids=frozenset() if opts.ignore_eos else self.eos_ids, on_token=on_token,
-                       tokens=list(prompt_ids), started=time.perf_counter())
+                       tokens=list(prompt_ids), started=time.perf_counter(),
+                       **({} if outbox is None else {"outbox": outbox}))
         seq.stats.prompt_tokens = len(prompt_ids)
         self.scheduler.submit(seq)
         if self.scheduler.background:

@@ -1,28 +1,32 @@
 """The bundle manifest: the one contract between exporter and runtime, versioned and checked before loading.
 
-manifest.json (format_version 2)
+manifest.json (format_version 3; version 2 bundles, float32 only, are read too)
   format            "specedge-bundle"
   format_version    FORMAT_VERSION; other versions are refused with a re-export message
   vocab_size        rows of every full logits output (padding rows sliced off at export)
   eos_token_ids     generation stops after any of these
   max_seq_len       committed tokens a sequence may hold (prompt + output)
   max_draft         largest k a verify call was exported and checked for
-  dtype             "float32"
+  dtype             "float32" | "float16" | "bfloat16": weights, activations and KV buffers of both graphs
+                    (norms, softmax and logits in float32 either way; runtime/backends say which they run)
   tokenizer         {"file", "chat_template" (file or null), "bos_token", "eos_token"}
   models            {"target": MODEL, "draft": MODEL (absent for a target-only bundle)}
   engines           {} (reserved: compiled engines per backend, with what they were built for)
+                    engines["tensorrt"] (written by `specedge build --tensorrt`, experimental): TensorRT, CUDA and
+                    driver versions, GPU name and compute capability, hardware-compatibility level, max_batch,
+                    max_step, and per model its engine file, bytes, SHA-256, source graph's SHA-256 and optimization
+                    profiles (engine files are listed in "files" too); full shape: specedge/engines/tensorrt_record.py
   files             {relative path: {"bytes", "sha256"}} for every file of the bundle
 MODEL
   file, architecture, source, source_kind, spec (ModelSpec fields), weights, weight_bytes, embedding_bytes
   graph_variant     one of GRAPH_VARIANTS
   max_batch         rows one call may carry: null (any) or 1 (gqa: GroupQueryAttention refuses several
                     new tokens per row after a past when B > 1)
-  kv                {"num_layers", "num_kv_heads", "head_dim", "dtype", "slots"}: each buffer is
+  kv                {"num_layers", "num_kv_heads", "head_dim", "dtype" (the bundle's), "slots"}: each buffer is
                     [B, num_kv_heads, slots, head_dim]; slots - max_seq_len is headroom for pad rows
   io                {"inputs": {NAME: TENSOR}, "outputs": {NAME: TENSOR},
                      "kv": [[past_key, past_value, present_key, present_value] per layer]}
-                    TENSOR = {"dtype": "int64" | "float32", "shape": [int or symbolic name]}
-  logit_rows, vocab_subset   (optional) a lighter draft head: its logit columns and their token ids
+                    TENSOR = {"dtype": "int64" | "float32" | "float16" | "bfloat16", "shape": [int or name]}
   quantization, export_check
 
 The step graph's I/O (every variant):
@@ -47,7 +51,9 @@ from pathlib import Path
 from specedge.errors import BundleError
 
 FORMAT = "specedge-bundle"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)     # 3 added half-precision bundles and engine records; 2 reads as is
+DTYPES = ("float32", "float16", "bfloat16")
 MANIFEST = "manifest.json"
 GRAPH_VARIANTS = ("static-kv-standard-v1", "static-kv-gqa-v3")
 STEP_INPUTS = ("input_ids", "position_ids", "logit_rows")
@@ -81,12 +87,15 @@ def read_manifest(bundle: str | Path, verify_hashes: bool = False) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BundleError(f"{path}: not a specedge bundle manifest")
     version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise BundleError(f"{bundle}: bundle format version {version} is not supported by this specedge "
-                          f"(it reads version {FORMAT_VERSION}); re-export the bundle with this version")
+                          f"(it reads versions {', '.join(map(str, READABLE_VERSIONS))}); re-export the bundle "
+                          "with this version")
     for key in ("vocab_size", "eos_token_ids", "max_seq_len", "max_draft", "dtype", "tokenizer", "models", "files"):
         if key not in manifest:
             raise BundleError(f"{path}: manifest lacks '{key}'")
+    if manifest["dtype"] not in DTYPES:
+        raise BundleError(f"{path}: unknown dtype '{manifest['dtype']}' (known: {', '.join(DTYPES)})")
     if "target" not in manifest["models"]:
         raise BundleError(f"{path}: manifest has no target model")
     for role, model in manifest["models"].items():
@@ -115,5 +124,8 @@ def _check_model(bundle, role: str, model: dict) -> None:
     missing = [n for n in STEP_INPUTS if n not in io["inputs"]] + [n for n in STEP_OUTPUTS if n not in io["outputs"]]
     if missing:
         raise BundleError(f"{bundle}: {role} io lacks {', '.join(missing)}")
+    if "vocab_subset" in model:
+        raise BundleError(f"{bundle}: its {role} has a lighter LM head (--draft-vocab), which this specedge no "
+                          "longer runs; re-export the bundle without --draft-vocab")
     if len(io["kv"]) != model["kv"]["num_layers"]:
         raise BundleError(f"{bundle}: {role} io names {len(io['kv'])} KV layers, kv says {model['kv']['num_layers']}")

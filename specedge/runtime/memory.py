@@ -6,11 +6,14 @@ import resource
 import sys
 
 
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
 def kv_slot_bytes(manifest: dict, role: str) -> int:
-    """K and V buffers of every layer for one sequence: [H_kv, slots, D] float32 each (slots: max_seq_len plus
-    the variant's headroom for pad rows)."""
+    """K and V buffers of every layer for one sequence: [H_kv, slots, D] each, in the bundle's dtype (slots:
+    max_seq_len plus the variant's headroom for pad rows)."""
     kv = manifest["models"][role]["kv"]
-    return 2 * kv["num_layers"] * kv["num_kv_heads"] * kv["slots"] * kv["head_dim"] * 4
+    return 2 * kv["num_layers"] * kv["num_kv_heads"] * kv["slots"] * kv["head_dim"] * DTYPE_BYTES[kv.get("dtype", "float32")]
 
 
 def memory_report(manifest: dict, max_batch: int = 1) -> dict:

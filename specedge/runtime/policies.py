@@ -122,6 +122,10 @@ class CostModel:
         self.by_batch.setdefault(batch, CostCurve()).observe(tokens // batch, seconds)
         self.by_tokens.observe(tokens, seconds)
 
+    def measured(self, batch: int, tokens_per_row: int) -> bool:
+        curve = self.by_batch.get(batch)
+        return curve is not None and tokens_per_row in curve.seen
+
     def verify(self, tokens: int, batch: int = 1) -> float | None:
         """Seconds of a verify phase of `tokens` in all (B x T) over `batch` rows."""
         curve = self.by_batch.get(batch)
@@ -177,7 +181,8 @@ class AdaptivePolicy(Policy):
     estimate of the last tried one, and every `explore_every` steps it tries one more (then one fewer) than the
     best k, so the costs of other verify sizes and the acceptance of deeper positions get measured. While k = 0
     wins it still probes with k = 1 after `probe_every` steps (one row of the batch: `probing`), to notice when
-    the draft or the load changed; a probe after which k = 0 still wins doubles the wait (up to 4x). Off, it
+    the draft or the load changed; a probe after which k = 0 still wins doubles the wait (up to 16x: with a
+    useless draft the probes, and the draft catching up the text for them, were most of what it cost). Off, it
     does not weigh the options again until the probe or a change of batch size (a plain step teaches it
     nothing): a tiny model's step is a fraction of a millisecond, and the weighing itself would show.
     Near-ties between positive k go to the longer draft (acceptance comes in runs), but k > 0 must beat k = 0
@@ -195,7 +200,7 @@ class AdaptivePolicy(Policy):
     shared = True
 
     def __init__(self, max_draft: int, prior_accept: float = 0.8, prior_weight: float = 1.0, forget: float = 0.97,
-                 probe_every: int = 16, explore_every: int = 4, warmup_k: int = 4, tie: float = 0.02,
+                 probe_every: int = 16, max_probe_gap: int = 16, explore_every: int = 4, warmup_k: int = 4, tie: float = 0.02,
                  early_stop: bool = False, costs: CostModel | None = None):
         self.max_draft, self.forget, self.probe_every, self.warmup_k = max_draft, forget, probe_every, warmup_k
         self.explore_every, self.steps, self.explore_up = explore_every, 0, True
@@ -207,7 +212,7 @@ class AdaptivePolicy(Policy):
         self.prior = (prior_accept * prior_weight, prior_weight)
         self.costs = costs or CostModel()
         self.since_probe = 0
-        self.probe_gap, self.max_probe_gap = probe_every, 4 * probe_every
+        self.probe_gap, self.max_probe_gap = probe_every, max_probe_gap * probe_every
         self.off, self.probing = False, False
         self.last_batch = 1
 
@@ -226,7 +231,7 @@ class AdaptivePolicy(Policy):
         return total
 
     def expected_accepted(self, k: int) -> float:
-        return self.expected_tokens(k) - 1.0
+        return self.expected_tokens(k) - 1.0 if k else 0.0
 
     def step_cost(self, k: int, batch: int = 1) -> float | None:
         verify = self.costs.verify(batch * (k + 1), batch)
@@ -249,6 +254,10 @@ class AdaptivePolicy(Policy):
         costs = [self.step_cost(k, batch) for k in range(max_k + 1)]
         if max_k >= 1 and any(c is None for c in costs[1:]):
             return min(self.warmup_k, max_k)                       # no cost estimates yet: measure first
+        if not self.costs.measured(batch, 1):
+            # the plain step at this batch size is the baseline every k is weighed against: measure it rather than
+            # extrapolate it (a line through the verify sizes tried so far said it cost about what k = 4 cost)
+            return 0
         expected, run, rate = 1.0, 1.0, []                       # E(k), built up position by position
         for k, a in zip(range(max_k + 1), [None] + self.acceptance()):
             if k:

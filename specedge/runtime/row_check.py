@@ -43,9 +43,14 @@ def choose_min_rows(backend: ModelBackend, vocab_size: int, slot: int = 0) -> in
 
 
 def bundle_rows_bitwise_equal(bundle: Path, manifest: dict, role: str = "target", seed: int = 0,
-                              backend: str = "cpu") -> tuple[bool, int]:
-    """-> (rows equal, min_rows) with the min_rows the runtime would choose here."""
+                              backend: str = "cpu", device_id: int = 0, **backend_options) -> tuple[bool, int]:
+    """-> (rows equal, min_rows) with the min_rows the runtime would choose here (GPU backends: at the fixed
+    decode width the runtime gives them)."""
     entry = manifest["models"][role]
-    model = open_backend(backend, Path(bundle) / entry["file"], entry, manifest["max_seq_len"], max_step=max(ROWS_CHECK))
+    options = {}
+    if backend in ("cuda", "tensorrt"):
+        options = {"device_id": device_id, "width": manifest["max_draft"] + 1 if role == "target" else 2}
+    model = open_backend(backend, Path(bundle) / entry["file"], entry, manifest["max_seq_len"], max_step=max(ROWS_CHECK),
+                         **{**options, **backend_options})
     rows = choose_min_rows(model, manifest["vocab_size"])
     return verify_rows_bitwise_equal(SlotCursor(model), probe_ids(manifest["vocab_size"], seed)), rows

@@ -44,6 +44,7 @@ class Scheduler:
         self.background = False
         self.events: deque[StepRecord] = deque(maxlen=EVENTS_KEPT)
         self.counters = Counter()                             # target_calls, draft_calls, steps, prefill_chunks
+        self.on_step = None             # callback(record) after each decode step, on the driving thread (server metrics)
 
     # -- callers' side --------------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
@@ -126,7 +127,9 @@ class Scheduler:
         final = s.prefilled + len(chunk) == len(s.prompt_ids)
         t = time.perf_counter()
         out = self.m.target.run([s.prefilled], [chunk], [1], lo=s.slot, want="ids" if s.warp.greedy else "logits")[0]
-        if s.uses_draft_model and self.m.draft is not None:
+        # while a shared policy has speculation off, the draft is not fed: it catches up once speculation is on
+        # again (batch_step.catch_up), and a useless draft then costs nothing per request
+        if s.uses_draft_model and self.m.draft is not None and s.dft_pos == s.prefilled and not s.policy_off:
             self.m.draft.run([s.prefilled], [chunk], [0], lo=s.slot, want="ids")
             s.dft_pos = s.prefilled + len(chunk)
         self.counters["prefill_chunks"] += 1
@@ -148,14 +151,19 @@ class Scheduler:
         self.counters["target_calls"] += 1
         self.counters["draft_calls"] += record.draft_calls
         policies = {id(s.policy): s.policy for s in rows if s.policy.shared}
+        # catch-up is what turning speculation back on costs once, not a cost of each drafted token: counted in,
+        # a probe after a long pause looked like a draft many times dearer, and kept speculation off
+        draft_s = record.draft_s - record.catch_up_s
         for policy in policies.values():
-            policy.observe_costs(max(record.k), record.draft_s, record.verify_s, record.verify_tokens,
+            policy.observe_costs(max(record.k), draft_s, record.verify_s, record.verify_tokens,
                                  record.verify_rows, record.draft_rows)
         for s, k, n in zip(rows, record.k, record.accepted):
             if not s.policy.shared:
-                s.policy.observe_costs(k, record.draft_s, record.verify_s, record.verify_tokens, len(rows))
+                s.policy.observe_costs(k, draft_s, record.verify_s, record.verify_tokens, len(rows))
             s.policy.observe_acceptance(k, n)
         self.events.append(record)
+        if self.on_step is not None:
+            self.on_step(record)
         for s in rows:
             self._commit(s, committed[id(s)])
 

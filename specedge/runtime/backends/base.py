@@ -27,9 +27,10 @@ _RANGE = np.arange(1 << 16, dtype=np.int64)          # positions and row indices
 
 
 def pad_call(starts, tokens, last, min_rows: int, ids: np.ndarray, positions: np.ndarray,
-             logit_rows: np.ndarray) -> PaddedCall:
+             logit_rows: np.ndarray, width: int = 0) -> PaddedCall:
     """Lays a call out in the given scratch (flat int64 buffers, large enough): T = the longest row, n = the most
-    rows wanted; a lone one-token call grows to min_rows rows (and logit rows), see ModelBackend.min_rows."""
+    rows wanted; a lone one-token call grows to min_rows rows (and logit rows), see ModelBackend.min_rows; a call
+    of at most `width` tokens a row grows to width tokens and width logit rows (one shape for every decode call)."""
     b = len(starts)
     t = max(1, max(map(len, tokens)))
     n = max(1, max(last))
@@ -37,6 +38,8 @@ def pad_call(starts, tokens, last, min_rows: int, ids: np.ndarray, positions: np
         t = min_rows
     if b * n < min_rows:
         n = min_rows
+    if t <= width:
+        t = n = width
     ids, positions, logit_rows = ids[: b * t].reshape(b, t), positions[: b * t].reshape(b, t), logit_rows[: b * n].reshape(b, n)
     for r, (start, row, want) in enumerate(zip(starts, tokens, last)):
         m = len(row)
@@ -47,6 +50,17 @@ def pad_call(starts, tokens, last, min_rows: int, ids: np.ndarray, positions: np
         logit_rows[r, : n - want] = first                   # duplicates of the first wanted row, dropped
         logit_rows[r, n - want:] = _RANGE[first: first + want]
     return PaddedCall(ids, positions, logit_rows, list(last))
+
+
+def fixed_decode_shape(starts, tokens, last, lo: int, max_batch: int, width: int, pad_start: int):
+    """GPU backends, exact by construction: a decode-sized call (T <= width) over slots from 0 grows to all
+    max_batch rows, the rows of free slots as dummies written at pad_start (max_seq_len: scratch in every slot),
+    so that with pad_call's width every decode call of a model has one shape. -> (starts, tokens, last)."""
+    b = len(starts)
+    if width and lo == 0 and b < max_batch and max(map(len, tokens)) <= width:
+        pad = max_batch - b
+        return [*starts, *[pad_start] * pad], [*tokens, *[[]] * pad], [*last, *[0] * pad]
+    return starts, tokens, last
 
 
 class ModelBackend:
@@ -66,8 +80,9 @@ class ModelBackend:
     min_rows: int = 1
 
     @classmethod
-    def check_available(cls) -> None:
-        """Raises ImportError (a missing package) or RuntimeError (no device, driver, ...) if it cannot run."""
+    def check_available(cls, **options) -> None:
+        """Raises ImportError (a missing package) or RuntimeError (no device, driver, ...) if it cannot run with
+        these constructor options."""
 
     def run(self, starts, tokens, last, lo: int = 0, want: str = "logits") -> list[np.ndarray]:
         """Rows lo .. lo + len(starts) - 1 -> per row its last last[b] logits [last_b, V] ("logits": views valid

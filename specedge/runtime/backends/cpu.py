@@ -18,7 +18,11 @@ import numpy as np
 from specedge.errors import BundleError, OptionError
 from specedge.runtime.backends.base import ModelBackend, pad_call
 
-ORT_TYPES = {"int64": "tensor(int64)", "float32": "tensor(float)"}
+# what onnxruntime 1.32's CPU provider lacks for a half-precision step graph (tried on exported tiny bundles)
+CPU_GAPS = {"bfloat16": "onnxruntime's CPU provider has no bfloat16 MatMul"}
+ORT_TYPES = {"int64": "tensor(int64)", "float32": "tensor(float)", "float16": "tensor(float16)",
+             "bfloat16": "tensor(bfloat16)"}
+KV_NUMPY = {"float32": np.float32, "float16": np.float16}      # numpy has no bfloat16
 
 
 def session_options(threads: int | None, profile: str | None = None, spinning: bool = True):
@@ -60,7 +64,7 @@ class CpuBackend(ModelBackend):
     name = "cpu"
 
     @classmethod
-    def check_available(cls) -> None:
+    def check_available(cls, **_) -> None:
         import onnxruntime as ort
 
         if "CPUExecutionProvider" not in ort.get_available_providers():
@@ -71,6 +75,10 @@ class CpuBackend(ModelBackend):
         import onnxruntime as ort
 
         self._ort = ort
+        kv_dtype = entry["kv"].get("dtype", "float32")
+        if kv_dtype not in KV_NUMPY:
+            raise OptionError(f"the cpu backend cannot run {kv_dtype} bundles ({CPU_GAPS.get(kv_dtype, '')}); "
+                              "export with --dtype fp32 or fp16, or use a GPU backend")
         if entry.get("max_batch") is not None and max_batch > entry["max_batch"]:
             raise OptionError(f"the {entry['graph_variant']} graph runs {entry['max_batch']} row per call; "
                               f"max_batch {max_batch} needs a bundle exported with --attention standard")
@@ -83,11 +91,11 @@ class CpuBackend(ModelBackend):
         kv = entry["kv"]
         self.max_seq_len, self.max_batch, self.max_step = max_seq_len, max_batch, max_step
         self.kv_slots, self.num_layers = kv["slots"], kv["num_layers"]
-        self.vocab_columns = entry.get("logit_rows", entry["spec"]["vocab_size"])
+        self.vocab_columns = entry["spec"]["vocab_size"]
         self.kv_names = entry["io"]["kv"]                                   # [[past_k, past_v, present_k, present_v]]
         shape = (max_batch, kv["num_kv_heads"], self.kv_slots, kv["head_dim"])       # [N, H_kv, S, D]
-        self.keys = [np.zeros(shape, np.float32) for _ in range(self.num_layers)]
-        self.values = [np.zeros(shape, np.float32) for _ in range(self.num_layers)]
+        self.keys = [np.zeros(shape, KV_NUMPY[kv_dtype]) for _ in range(self.num_layers)]
+        self.values = [np.zeros(shape, KV_NUMPY[kv_dtype]) for _ in range(self.num_layers)]
         # scratch for the largest call: every row at max_step tokens
         rows = max_batch * max(max_step, 2)
         self._ids, self._positions, self._logit_rows = (np.zeros(rows, np.int64) for _ in range(3))

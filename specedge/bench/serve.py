@@ -1,0 +1,273 @@
+"""`specedge bench-serve`: load on an OpenAI-compatible server with the official `openai` client.
+
+At each concurrency level C (closed loop: C requests in flight, each next one sent when one ends) and for each
+policy (a request's `extra_body={"speculation": ...}`), streamed requests measure time to first token, time per
+output token after the first (TPOT), inter-token latency (between chunks carrying text) and end-to-end time;
+a level reports request throughput, output tokens/s and p50 / p99 of the latencies, plus the mean accepted length
+the server reports. Policies alternate within each level, so drift hits them alike. The client's own CPU time is
+reported (client and server share the machine), and the server's when this process started it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from specedge.errors import OptionError, SpecedgeError
+
+DEFAULT_LEVELS = (1, 2, 4, 8, 16)
+DEFAULT_POLICIES = ("target", "fixed:4", "adaptive")
+
+
+def parse_levels(text: str) -> list[int]:
+    try:
+        levels = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise OptionError(f"--concurrency must be comma-separated integers, got '{text}'") from None
+    if not levels or levels[0] < 1:
+        raise OptionError(f"--concurrency levels must be at least 1, got '{text}'")
+    return levels
+
+
+def speculation_body(policy: str):
+    """'target' -> "off"; 'fixed:4' -> {"policy": "fixed:4"}; 'adaptive@ngram' -> with a drafter."""
+    name, _, drafter = policy.partition("@")
+    if name in ("target", "off"):
+        return "off"
+    return {"policy": name, **({"drafter": drafter} if drafter else {})}
+
+
+def _percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"p50": None, "p99": None, "mean": None}
+    arr = np.asarray(values)
+    return {"p50": float(np.percentile(arr, 50)), "p99": float(np.percentile(arr, 99)), "mean": float(arr.mean())}
+
+
+async def _one(client, model: str, prompt: dict, policy: str, max_tokens: int, temperature: float,
+               ignore_eos: bool) -> dict:
+    extra = {"speculation": speculation_body(policy), "ignore_eos": ignore_eos}
+    common = dict(model=model, max_tokens=max_tokens, temperature=temperature, stream=True,
+                  stream_options={"include_usage": True}, extra_body=extra)
+    start = time.perf_counter()
+    times, usage, spec = [], None, None
+    if prompt.get("chat"):
+        stream = await client.chat.completions.create(messages=[{"role": "user", "content": prompt["prompt"]}],
+                                                      **common)
+    else:
+        stream = await client.completions.create(prompt=prompt["prompt"], **common)
+    async for chunk in stream:
+        if chunk.choices:
+            c = chunk.choices[0]
+            text = c.delta.content if hasattr(c, "delta") else c.text
+            if text:
+                times.append(time.perf_counter())
+        if chunk.usage is not None:
+            usage = chunk.usage
+        extra_fields = chunk.model_extra or {}
+        if "speculation" in extra_fields:
+            spec = extra_fields["speculation"]
+    end = time.perf_counter()
+    n = usage.completion_tokens if usage else len(times)
+    ttft = times[0] - start if times else None
+    return {"e2e": end - start, "ttft": ttft, "tokens": n,
+            "tpot": (end - times[0]) / (n - 1) if times and n > 1 else None,
+            "itl": [b - a for a, b in zip(times, times[1:])], "speculation": spec}
+
+
+async def _level(client, model, prompts, policy, concurrency, n_requests, max_tokens, temperature, ignore_eos):
+    queue = list(range(n_requests))
+    results, errors = [], []
+
+    async def worker():
+        while queue:
+            i = queue.pop(0)
+            try:
+                results.append(await _one(client, model, prompts[i % len(prompts)], policy, max_tokens, temperature,
+                                          ignore_eos))
+            except Exception as err:  # noqa: BLE001 - counted and reported, the run goes on
+                errors.append(f"{type(err).__name__}: {err}")
+
+    cpu, t0 = time.process_time(), time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu
+    tokens = sum(r["tokens"] for r in results)
+    specs = [r["speculation"] for r in results if r["speculation"]]
+    verify = sum(s["verify_calls"] for s in specs)
+    accepted = sum(s["accepted_tokens"] for s in specs)
+    drafted = sum(s["drafted_tokens"] for s in specs)
+    return {
+        "concurrency": concurrency, "requests": len(results), "errors": len(errors), "error_samples": errors[:3],
+        "wall_s": wall, "request_throughput": len(results) / wall, "output_tok_per_s": tokens / wall,
+        "output_tokens": tokens,
+        "ttft_s": _percentiles([r["ttft"] for r in results if r["ttft"] is not None]),
+        "tpot_s": _percentiles([r["tpot"] for r in results if r["tpot"] is not None]),
+        "itl_s": _percentiles([x for r in results for x in r["itl"]]),
+        "e2e_s": _percentiles([r["e2e"] for r in results]),
+        "mean_accepted_length": 1.0 + accepted / verify if verify else 1.0,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "k_mean": float(np.mean([s["k_mean"] for s in specs])) if specs else 0.0,
+        "client_cpu_s": cpu, "client_cpu_share": cpu / wall,
+    }
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of a process (Linux /proc), or None."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+async def _run(url, api_key, model, prompts, policies, levels, requests_per_level, max_tokens, temperature,
+               ignore_eos, server_pid, progress):
+    from openai import APIError, AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=url, api_key=api_key or "-", max_retries=0, timeout=600.0)
+    try:
+        if model is None:
+            try:
+                models = await client.models.list()
+            except APIError as err:
+                raise SpecedgeError(f"cannot list the models of {url}: {err}") from None
+            if not models.data:
+                raise SpecedgeError(f"{url} serves no model")
+            model = models.data[0].id
+        for policy in policies:                       # warm-up, not measured (adaptive learns costs here)
+            await _level(client, model, prompts, policy, 1, 1, max_tokens, temperature, ignore_eos)
+        runs = {p: {} for p in policies}
+        total, done = len(levels) * len(policies), 0
+        for c in levels:
+            n = requests_per_level or max(4, 2 * c)
+            for policy in policies:
+                server_cpu = _cpu_seconds(server_pid)
+                entry = await _level(client, model, prompts, policy, c, n, max_tokens, temperature, ignore_eos)
+                after = _cpu_seconds(server_pid)
+                entry["server_cpu_share"] = (after - server_cpu) / entry["wall_s"] if after is not None else None
+                runs[policy][str(c)] = entry
+                done += 1
+                if progress:
+                    progress(done, total, f"concurrency {c} {policy}: {entry['output_tok_per_s']:.2f} tok/s, "
+                                          f"{entry['errors']} errors")
+        return model, runs
+    finally:
+        await client.close()
+
+
+def run_bench_serve(url: str, prompts: list[dict], policies=DEFAULT_POLICIES, levels=DEFAULT_LEVELS,
+                    requests_per_level: int | None = None, max_tokens: int = 64, temperature: float = 0.0,
+                    ignore_eos: bool = True, api_key: str | None = None, model: str | None = None,
+                    server_pid: int | None = None, progress=None) -> dict:
+    """-> results (see the module docstring); url is the server's base URL ending in /v1."""
+    model, runs = asyncio.run(_run(url, api_key, model, prompts, list(policies), list(levels), requests_per_level,
+                                   max_tokens, temperature, ignore_eos, server_pid, progress))
+    return {"url": url, "model": model, "policies": list(policies), "levels": list(levels),
+            "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
+            "prompts": len(prompts), "runs": runs,
+            "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+                        "python": platform.python_version()}}
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def served(bundle: str, max_batch: int, threads: int | None = None, extra_args=(), timeout: float = 300.0,
+           log_path: Path | None = None):
+    """`specedge serve BUNDLE` in a subprocess on a free loopback port -> (base URL, pid); stopped with SIGTERM.
+    Its log goes to log_path (default: a temporary file)."""
+    import tempfile
+
+    import httpx
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "specedge.cli", "serve", str(bundle), "--port", str(port), "--max-batch",
+           str(max_batch), "--max-queue", "256", *(["--threads", str(threads)] if threads else []), *extra_args]
+    log = open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        end = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                err = log.read().strip().splitlines()
+                raise SpecedgeError(f"the server exited: {err[-1] if err else proc.returncode}")
+            try:
+                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > end:
+                raise SpecedgeError(f"the server did not come up within {timeout:g} s")
+            time.sleep(0.2)
+        yield url + "/v1", proc.pid
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def table(results: dict) -> str:
+    head = (f"{'conc':>4} {'policy':<14} {'req/s':>6} {'out tok/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} "
+            f"{'TPOT p50':>9} {'TPOT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'acc len':>7} {'err':>4} {'client cpu':>10}")
+    lines = [head, "-" * len(head)]
+
+    def ms(x):
+        return f"{1000 * x:7.1f}ms" if x is not None else f"{'-':>9}"
+
+    for c in results["levels"]:
+        for policy in results["policies"]:
+            e = results["runs"][policy][str(c)]
+            lines.append(f"{c:>4} {policy:<14} {e['request_throughput']:6.2f} {e['output_tok_per_s']:9.2f} "
+                         f"{ms(e['ttft_s']['p50'])} {ms(e['ttft_s']['p99'])} {ms(e['tpot_s']['p50'])} "
+                         f"{ms(e['tpot_s']['p99'])} {ms(e['itl_s']['p50'])[1:]} {ms(e['itl_s']['p99'])[1:]} "
+                         f"{e['mean_accepted_length']:7.2f} {e['errors']:>4} {100 * e['client_cpu_share']:9.1f}%")
+    return "\n".join(lines)
+
+
+def plots(results: dict, out: Path) -> list[Path] | None:
+    """Throughput and TPOT against concurrency, one line per policy; None when matplotlib is missing."""
+    from specedge.bench.report import _legend, _pyplot, _save
+
+    plt = _pyplot()
+    if plt is None:
+        return None
+    written, levels = [], results["levels"]
+    for key, label, name in (("output_tok_per_s", "output tokens / s", "serve_throughput.png"),
+                             ("tpot_s", "time per output token, p50 (ms)", "serve_tpot.png")):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for policy in results["policies"]:
+            ys = []
+            for c in levels:
+                value = results["runs"][policy][str(c)][key]
+                ys.append(1000 * value["p50"] if isinstance(value, dict) and value["p50"] is not None
+                          else value if not isinstance(value, dict) else float("nan"))
+            ax.plot(levels, ys, marker="o", label=policy)
+        if len(levels) > 1:
+            ax.set_xscale("log", base=2)
+        ax.set(xlabel="concurrent requests", ylabel=label, title=f"{label} against concurrency")
+        ax.set_xticks(levels, [str(c) for c in levels])
+        _legend(ax)
+        _save(plt, fig, out / name, written)
+    return written

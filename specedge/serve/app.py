@@ -1,0 +1,344 @@
+"""The HTTP side: Starlette routes for the OpenAI-compatible API, /health, /metrics and the rejection analytics.
+
+Every failure answers in OpenAI's error shape ({"error": {...}}) with its status; an unexpected exception is
+logged here and answered as a bare 500 (no traceback reaches a client) and the server goes on. One log line
+per request (logger "specedge.serve") when it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from specedge.errors import OptionError, SpecedgeError
+from specedge.runtime.scheduler import QueueFull
+from specedge.runtime.stats import GenerationStats
+from specedge.serve import protocol
+from specedge.serve.bridge import Bridge, RequestTimeout
+from specedge.serve.errors import APIError, invalid
+from specedge.serve.metrics import Metrics
+from specedge.serve.protocol import Limits
+from specedge.serve.rejections import RejectionLog
+
+log = logging.getLogger("specedge.serve")
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+RETRY_AFTER_S = 1
+CLIENT_CLOSED = 499                    # nginx's status for "the client went away" (log only)
+
+
+def _special_ids(gen) -> set[int]:
+    ids = set(gen.eos_ids)
+    try:
+        ids |= {i for i, tok in gen.tokenizer.get_added_tokens_decoder().items() if tok.special}
+    except AttributeError:                                      # older tokenizers
+        pass
+    return ids
+
+
+class Service:
+    """What the routes share: the generator, its bridge (made on the event loop at startup), metrics, analytics."""
+
+    def __init__(self, gen, limits: Limits, api_key: str | None = None,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+        if not gen.scheduler.background:
+            raise ValueError("serve needs a generator loaded with background=True")
+        self.gen, self.limits, self.api_key, self.max_body_bytes = gen, limits, api_key, max_body_bytes
+        self.metrics = Metrics(gen.scheduler)
+        self.rejections = RejectionLog(gen.decode, _special_ids(gen))
+        self.bridge: Bridge | None = None
+        self.created = int(time.time())
+        self._previous_hook = None
+        self._hook_failed = False
+        self.active: set = set()                    # requests in flight (bridge.Request)
+        self._unstarted: set = set()                # streamed requests whose body has not started
+
+    def cancel_all(self, reason: str = "shutdown") -> int:
+        """Cancels every request in flight (the drain time is over) -> how many; each ends with a 503 error."""
+        active = list(self.active)
+        for handle in active:
+            handle.cancel(reason)
+        return len(active)
+
+    def on_step(self, record) -> None:
+        """Runs on the worker thread after every decode step: it must never raise (the step's rows would fail)."""
+        try:
+            self.metrics.observe_step(record)
+            self.rejections.observe_step(record)
+        except Exception:  # noqa: BLE001
+            if not self._hook_failed:
+                self._hook_failed = True
+                log.exception("metrics hook failed (reported once)")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app):
+        self.bridge = Bridge(self.gen, asyncio.get_running_loop())
+        self._previous_hook, self.gen.scheduler.on_step = self.gen.scheduler.on_step, self.on_step
+        try:
+            yield
+        finally:
+            self.gen.scheduler.on_step = self._previous_hook
+
+    # -- plumbing ------------------------------------------------------------------------------------
+    def _authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer KEY'", None,
+                           "invalid_api_key")
+
+    async def _read_json(self, request: Request):
+        limit = self.max_body_bytes
+        length = request.headers.get("content-length")
+        too_big = APIError(413, f"the request body exceeds the server's limit of {limit} bytes", None,
+                           "request_too_large")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            raise too_big
+        chunks, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > limit:
+                raise too_big
+            chunks.append(part)
+        try:
+            return json.loads(b"".join(chunks))
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise invalid("the request body is not valid JSON") from None
+
+    def _error(self, request: Request, err: APIError, started: float) -> JSONResponse:
+        self.metrics.request_error(err.status)
+        log.info("%s %s %s %d %s: %s (%.3fs)", _client(request), request.method, request.url.path, err.status,
+                 err.code or err.type, err.message, time.perf_counter() - started)
+        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+    def route(self, handler, auth: bool = True):
+        async def endpoint(request: Request) -> Response:
+            started = time.perf_counter()
+            try:
+                if auth:
+                    self._authorize(request)
+                return await handler(request, started)
+            except APIError as err:
+                return self._error(request, err, started)
+            except Exception:  # noqa: BLE001 - never a traceback to the client, never a dead server
+                log.exception("%s %s %s: internal error", _client(request), request.method, request.url.path)
+                return self._error(request, APIError(500, "internal server error", type="server_error"), started)
+        return endpoint
+
+    # -- generation ----------------------------------------------------------------------------------
+    def _open(self, req: protocol.ParsedRequest):
+        try:
+            handle = self.bridge.open(req.prompt_ids, timeout=req.timeout, **req.options)
+            self.active.add(handle)
+            return handle
+        except QueueFull as err:
+            raise APIError(429, f"the server is busy: {err}", None, "queue_full",
+                           {"Retry-After": str(RETRY_AFTER_S)}) from None
+        except OptionError as err:
+            text = str(err)
+            param = ("speculation.drafter" if "drafter" in text else
+                     "speculation" if "polic" in text or "draft" in text else None)
+            raise invalid(text, param) from None
+        except SpecedgeError as err:
+            if "closed" in str(err):
+                raise APIError(503, "the server is shutting down", None, "shutting_down") from None
+            raise invalid(str(err)) from None
+
+    async def generate(self, request: Request, started: float, kind: str) -> Response:
+        body = await self._read_json(request)
+        req = protocol.parse(body, kind, self.gen, self.limits)
+        handle = self._open(req)
+        if req.stream:
+            self._unstarted.add(handle)
+            return StreamingResponse(self._sse(request, req, handle, started), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                                     background=BackgroundTask(self._release, request, req, handle, started))
+        outcome: dict = {}
+
+        async def collect():
+            async for _ in self._follow(handle, outcome):
+                pass
+
+        waiter = asyncio.ensure_future(collect())
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not waiter.done():                    # the client went away (or we are cancelled): free the slot
+                waiter.cancel()
+                handle.cancel()
+                self.active.discard(handle)
+        if waiter.cancelled() or not waiter.done():
+            self._log(request, req, handle, CLIENT_CLOSED, "cancelled", None, started)
+            return Response(status_code=CLIENT_CLOSED)
+        waiter.result()                                # raises the APIError of a failed or refused end
+        stop, stats = outcome["stop"], outcome["stats"]
+        spec = protocol.speculation(stats, req.speculation, stop)
+        self._done(req, handle, stop, started)
+        self._log(request, req, handle, 200, stop, spec, started)
+        return JSONResponse(protocol.response(req, handle.text, len(handle.tokens), stop, spec))
+
+    async def _follow(self, handle, outcome: dict):
+        """Yields a request's text pieces as they come; at its end fills outcome (stop reason, stats), or raises
+        APIError: 500 for a failed generation, 503 for a timeout before the first token or a shutdown."""
+        try:
+            async for _, piece, ids in handle.events():
+                if ids:
+                    self.metrics.tokens_out(len(ids))
+                if piece:
+                    yield piece
+            stop, stats = handle.result.stats.stop_reason, handle.result.stats
+        except RequestTimeout as err:
+            result = await handle.settle()
+            if not handle.tokens:
+                raise APIError(503, f"the request timed out after {err.seconds:g} s before its first token (the "
+                                    "server is busy)", None, "timeout", {"Retry-After": str(RETRY_AFTER_S)}) from None
+            stop, stats = "timeout", result.stats if result else GenerationStats()
+        except SpecedgeError as err:
+            raise APIError(500, str(err), type="server_error", code="generation_failed") from None
+        finally:
+            self.active.discard(handle)
+        if stop == "cancelled" and handle.cancelled_by == "shutdown":
+            raise APIError(503, "the server is shutting down; the request was cancelled", None, "shutting_down")
+        outcome.update(stop=stop, stats=stats)
+
+    async def _release(self, request: Request, req, handle, started: float) -> None:
+        """After a streamed response, however it ended: a stream whose body never started (the client left at
+        once) still holds its sequence; cancel it."""
+        self.active.discard(handle)
+        if handle.result is None:
+            handle.cancel()
+        if handle in self._unstarted:
+            self._unstarted.discard(handle)
+            self._log(request, req, handle, CLIENT_CLOSED, "cancelled", None, started)
+
+    async def _sse(self, request: Request, req, handle, started: float):
+        self._unstarted.discard(handle)
+        status, stop, spec, outcome = CLIENT_CLOSED, "cancelled", None, {}
+        try:
+            if req.kind == "chat":
+                yield _event(protocol.chunk(req, "", first=True))
+            try:
+                async for piece in self._follow(handle, outcome):
+                    yield _event(protocol.chunk(req, piece))
+            except APIError as err:                       # headers are sent: an error event, then the end
+                status, stop = err.status, err.code or err.type
+                self.metrics.request_error(err.status)
+                yield _event(err.body())
+                yield "data: [DONE]\n\n"
+                return
+            stop, stats = outcome["stop"], outcome["stats"]
+            spec = protocol.speculation(stats, req.speculation, stop)
+            status = 200
+            self._done(req, handle, stop, started)        # counted before the client can see the end
+            final = protocol.chunk(req, None, finish=protocol.finish_reason(stop))
+            if req.include_usage:
+                yield _event(final)
+                final = protocol.usage_chunk(req, len(handle.tokens))
+            final["speculation"] = spec                   # the stream's last chunk carries the stats
+            yield _event(final)
+            yield "data: [DONE]\n\n"
+        finally:
+            self._log(request, req, handle, status, stop, spec, started)
+
+    def _done(self, req, handle, stop: str, started: float) -> None:
+        n = len(handle.tokens)
+        ttft = handle.first_token_at - handle.arrived if handle.first_token_at else None
+        tpot = (handle.token_times[-1] - handle.first_token_at) / (n - 1) if n > 1 and handle.first_token_at else None
+        self.metrics.request_done(len(req.prompt_ids), n, protocol.finish_reason(stop),
+                                  time.perf_counter() - handle.arrived, ttft, tpot)
+
+    def _log(self, request, req, handle, status: int, stop: str, spec: dict | None, started: float) -> None:
+        total = time.perf_counter() - started
+        ttft = f"{handle.first_token_at - handle.arrived:.3f}s" if handle.first_token_at else "-"
+        n = len(handle.tokens)
+        extra = ""
+        if spec:
+            extra = (f" drafted={spec['drafted_tokens']} accepted={spec['accepted_tokens']}"
+                     f" acc_len={spec['mean_accepted_length']:.2f}")
+        log.info("%s %s %s %d %s prompt=%d completion=%d finish=%s ttft=%s e2e=%.3fs tok/s=%.1f policy=%s%s%s",
+                 _client(request), request.method, request.url.path, status, req.id, len(req.prompt_ids), n,
+                 stop if status != CLIENT_CLOSED else "client_disconnected", ttft, total,
+                 n / total if total > 0 else 0.0, req.speculation, extra, " stream" if req.stream else "")
+
+    # -- the other endpoints ------------------------------------------------------------------------
+    async def models(self, request: Request, started: float) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.limits.model, "object": "model", "created": self.created, "owned_by": "specedge",
+             "max_model_len": self.gen.max_seq_len}]})
+
+    async def health(self, request: Request, started: float) -> Response:
+        sched = self.gen.scheduler
+        return JSONResponse({"status": "ok", "model": self.limits.model, "running": len(sched.running),
+                             "waiting": len(sched.waiting), "max_batch": sched.max_batch,
+                             "max_queue": sched.max_queue})
+
+    async def prometheus(self, request: Request, started: float) -> Response:
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    async def rejections_view(self, request: Request, started: float) -> Response:
+        def count(name: str, default: int) -> int:
+            value = request.query_params.get(name, str(default))
+            if not value.isdigit() or int(value) > 10_000:
+                raise invalid(f"'{name}' must be an integer between 0 and 10000", name)
+            return int(value)
+        return JSONResponse(self.rejections.snapshot(top=count("top", 20), recent=count("recent", 50)))
+
+
+def _client(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client else "-"
+
+
+def _event(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read: receive() then waits for that)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def create_app(gen, limits: Limits, api_key: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
+    """The ASGI app for a generator loaded with background=True."""
+    service = Service(gen, limits, api_key, max_body_bytes)
+
+    async def completions(request, started):
+        return await service.generate(request, started, "completion")
+
+    async def chat(request, started):
+        return await service.generate(request, started, "chat")
+
+    async def not_found(request: Request, exc: HTTPException) -> Response:
+        message = {404: f"no route {request.url.path}", 405: f"method {request.method} not allowed here"}
+        err = APIError(exc.status_code, message.get(exc.status_code, str(exc.detail)), None,
+                       {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code))
+        return service._error(request, err, time.perf_counter())
+
+    routes = [
+        Route("/v1/completions", service.route(completions), methods=["POST"]),
+        Route("/v1/chat/completions", service.route(chat), methods=["POST"]),
+        Route("/v1/models", service.route(service.models), methods=["GET"]),
+        Route("/v1/speculation/rejections", service.route(service.rejections_view), methods=["GET"]),
+        Route("/health", service.route(service.health, auth=False), methods=["GET"]),
+        Route("/metrics", service.route(service.prometheus, auth=False), methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=service.lifespan, exception_handlers={HTTPException: not_found})
+    app.state.service = service
+    return app

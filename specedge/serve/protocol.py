@@ -1,0 +1,342 @@
+"""OpenAI request bodies -> the runtime's options, and results -> OpenAI response objects.
+
+Every parameter OpenAI defines is either honoured, accepted at its default value (which clients send anyway),
+or refused with a 400 naming it: nothing is ignored silently. Extensions: `top_k`, `ignore_eos` (as vLLM),
+`speculation` ("off", or {"policy": "fixed:4" | "adaptive" | ..., "drafter": "model" | "ngram" | "hybrid"}) and
+`timeout` (seconds, at most the server's --request-timeout).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from specedge.errors import SpecedgeError
+from specedge.runtime.chat import render_chat
+from specedge.serve.errors import APIError, invalid, unsupported
+
+MAX_STOP = 4                  # OpenAI's limit
+MAX_STOP_CHARS = 256
+MAX_MESSAGES = 1024
+COMPLETION_DEFAULT_MAX_TOKENS = 16      # OpenAI's default for /v1/completions (chat: whatever fits)
+
+FINISH = {"eos": "stop", "stop_string": "stop", "max_new_tokens": "length", "max_seq_len": "length",
+          "timeout": "length", "cancelled": "stop"}
+
+_ANY = object()
+# parameter -> the values accepted although not acted on (defaults): anything else is a 400
+_DEFAULT_ONLY_COMMON = {"n": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+                        "logit_bias": (None, {}), "service_tier": (None, "auto", "default")}
+_DEFAULT_ONLY = {
+    "completion": {**_DEFAULT_ONLY_COMMON, "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
+                   "logprobs": (None,)},
+    "chat": {**_DEFAULT_ONLY_COMMON, "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []),
+             "functions": (None, []), "tool_choice": (None, "none", "auto"), "function_call": (None, "none", "auto"),
+             "response_format": (None, {"type": "text"}), "store": (None, False), "modalities": (None, ["text"]),
+             "audio": (None,), "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,),
+             "verbosity": (None,)},
+}
+# accepted and without effect on the output (metadata for the caller's own bookkeeping)
+_METADATA = {"user", "metadata", "parallel_tool_calls", "safety_identifier", "prompt_cache_key"}
+_HONOURED = {
+    "completion": {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
+                   "stream_options", "top_k", "ignore_eos", "speculation", "timeout"},
+    "chat": {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
+             "stream", "stream_options", "top_k", "ignore_eos", "speculation", "timeout"},
+}
+_WHY = {"logprobs": " (no log probabilities are returned)", "top_logprobs": " (no log probabilities are returned)",
+        "n": " (one choice per request)", "best_of": " (one choice per request)",
+        "tools": " (no tool calling)", "functions": " (no tool calling)", "tool_choice": " (no tool calling)",
+        "function_call": " (no tool calling)", "echo": "", "store": " (nothing is stored)"}
+
+
+@dataclass
+class Limits:
+    """What the server will take (set from `specedge serve`'s options)."""
+    model: str                               # the served model id
+    policy: str = "adaptive"                 # default speculation (how many to draft)
+    drafter: str = "model"                   # default drafter
+    request_timeout: float | None = 600.0    # seconds, the most a request may run (None: no limit)
+    max_messages: int = MAX_MESSAGES
+
+
+@dataclass
+class ParsedRequest:
+    kind: str                                # "completion" or "chat"
+    model: str
+    prompt_ids: list[int]
+    options: dict                            # keyword options for Generator.stream_ids
+    stream: bool = False
+    include_usage: bool = False
+    timeout: float | None = None
+    speculation: str = ""                    # policy@drafter, for the log and the response
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+def _number(body: dict, name: str, lo: float, hi: float, default, lo_open: bool = False):
+    value = body.get(name)
+    if value is None:
+        return default
+    if not _is_number(value) or value < lo or value > hi or (lo_open and value == lo):
+        bracket = "(" if lo_open else "["
+        raise invalid(f"'{name}' must be a number in {bracket}{lo:g}, {hi:g}], got {value!r}", name)
+    return float(value)
+
+
+def _integer(body: dict, name: str, lo: int, hi: int | None = None):
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value) or value < lo or (hi is not None and value > hi):
+        upper = f" and at most {hi}" if hi is not None else ""
+        raise invalid(f"'{name}' must be an integer of at least {lo}{upper}, got {value!r}", name)
+    return value
+
+
+def _bool(body: dict, name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise invalid(f"'{name}' must be a boolean, got {value!r}", name)
+    return value
+
+
+def _check_parameters(body: dict, kind: str) -> None:
+    for name in body:
+        if name in _HONOURED[kind] or name in _METADATA:
+            continue
+        if name in _DEFAULT_ONLY[kind]:
+            if body[name] not in _DEFAULT_ONLY[kind][name]:
+                raise unsupported(name, body[name], _WHY.get(name, ""))
+            continue
+        raise APIError(400, f"Unrecognized request argument supplied: {name}", name, "unrecognized_argument")
+
+
+def _stops(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise invalid("'stop' must be a string or a list of strings", "stop")
+    if len(stops) > MAX_STOP:
+        raise invalid(f"'stop' takes at most {MAX_STOP} strings, got {len(stops)}", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise invalid(f"each 'stop' string may have at most {MAX_STOP_CHARS} characters", "stop")
+    return tuple(s for s in stops if s)
+
+
+def _speculation(body: dict, limits: Limits) -> dict:
+    spec = body.get("speculation")
+    policy, drafter = limits.policy, limits.drafter
+    if spec is None:
+        pass
+    elif spec in ("off", "target"):
+        policy = "target"
+    elif spec == "on":
+        pass
+    elif isinstance(spec, dict):
+        unknown = set(spec) - {"policy", "drafter"}
+        if unknown:
+            raise invalid(f"'speculation' takes 'policy' and 'drafter', not {', '.join(sorted(unknown))}",
+                          "speculation")
+        if "policy" in spec:
+            if not isinstance(spec["policy"], str):
+                raise invalid("'speculation.policy' must be a string such as 'fixed:4', 'adaptive' or 'off'",
+                              "speculation.policy")
+            policy = "target" if spec["policy"] == "off" else spec["policy"]
+        if "drafter" in spec:
+            if spec["drafter"] not in ("model", "ngram", "hybrid"):
+                raise invalid(f"'speculation.drafter' must be 'model', 'ngram' or 'hybrid', got {spec['drafter']!r}",
+                              "speculation.drafter")
+            drafter = spec["drafter"]
+    else:
+        raise invalid("'speculation' must be \"off\", \"on\" or an object {\"policy\": ..., \"drafter\": ...}",
+                      "speculation")
+    return {"policy": policy, "drafter": drafter}
+
+
+def _prompt_ids(body: dict, gen) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]                                   # a batch of one
+    if isinstance(prompt, str):
+        return gen.tokenizer.encode(prompt).ids
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        bad = [t for t in prompt if not 0 <= t < gen.vocab_size]
+        if bad:
+            raise invalid(f"token id {bad[0]} is outside the vocabulary (0..{gen.vocab_size - 1})", "prompt")
+        return list(prompt)
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise unsupported("prompt", f"a list of {len(prompt)} prompts", " (one prompt per request)")
+    raise invalid("'prompt' must be a string, a list of token ids, or a list holding one of those", "prompt")
+
+
+def _message_text(message: dict, i: int) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise unsupported(f"messages[{i}].content", f"a '{kind}' part", " (text parts only)")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise invalid(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
+
+
+def _chat_ids(body: dict, gen, limits: Limits) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("'messages' must be a non-empty list", "messages")
+    if len(messages) > limits.max_messages:
+        raise invalid(f"'messages' may hold at most {limits.max_messages} messages, got {len(messages)}", "messages")
+    if not gen.chat_template:
+        raise invalid("this model's bundle has no chat template; use /v1/completions", "messages")
+    rendered = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise invalid(f"messages[{i}] must be an object", f"messages[{i}]")
+        role = message.get("role")
+        if role not in ("system", "developer", "user", "assistant"):
+            raise unsupported(f"messages[{i}].role", role, " (roles: system, developer, user, assistant)")
+        unknown = set(message) - {"role", "content", "name"}
+        if unknown - {"refusal", "tool_calls", "function_call", "audio"} or any(message.get(k) for k in unknown):
+            raise unsupported(f"messages[{i}].{sorted(unknown)[0]}", message[sorted(unknown)[0]])
+        entry = {"role": "system" if role == "developer" else role, "content": _message_text(message, i)}
+        if isinstance(message.get("name"), str):
+            entry["name"] = message["name"]
+        rendered.append(entry)
+    tok = gen.manifest["tokenizer"]
+    try:
+        text = render_chat(gen.chat_template, rendered, tok.get("bos_token"), tok.get("eos_token"))
+    except SpecedgeError as err:                      # the template refused these messages (e.g. role order)
+        raise invalid(str(err), "messages") from err
+    return gen.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
+    """A request body (decoded JSON) -> ParsedRequest; APIError for anything invalid or unsupported."""
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    _check_parameters(body, kind)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid("'model' is required (see GET /v1/models)", "model")
+    if model != limits.model:
+        raise APIError(404, f"The model '{model}' does not exist; this server serves '{limits.model}'", "model",
+                       "model_not_found")
+    stream = _bool(body, "stream")
+    stream_options = body.get("stream_options")
+    include_usage = False
+    if stream_options is not None:
+        if not stream:
+            raise invalid("'stream_options' is only allowed when 'stream' is true", "stream_options")
+        if not isinstance(stream_options, dict) or set(stream_options) - {"include_usage", "include_obfuscation"}:
+            raise invalid("'stream_options' takes 'include_usage'", "stream_options")
+        include_usage = _bool(stream_options, "include_usage")
+        if _bool(stream_options, "include_obfuscation"):
+            raise unsupported("stream_options.include_obfuscation", True)
+    max_tokens = _integer(body, "max_tokens", 1)
+    if kind == "chat":
+        max_tokens = _integer(body, "max_completion_tokens", 1) or max_tokens
+    timeout = _number(body, "timeout", 0, limits.request_timeout or math.inf, None, lo_open=True)
+    options = dict(temperature=_number(body, "temperature", 0, 2, 1.0),
+                   top_p=_number(body, "top_p", 0, 1, 1.0, lo_open=True),
+                   seed=_integer(body, "seed", 0, 2**63 - 1), stop=_stops(body),
+                   top_k=_integer(body, "top_k", 0) or 0, ignore_eos=_bool(body, "ignore_eos"),
+                   **_speculation(body, limits))
+    if options["policy"] == "target":
+        options["drafter"] = "model"            # the runtime runs the target alone; no drafter to check
+    prompt_ids = _chat_ids(body, gen, limits) if kind == "chat" else _prompt_ids(body, gen)
+    n, context = len(prompt_ids), gen.max_seq_len
+    if n == 0:
+        raise invalid("the prompt is empty after tokenization", "messages" if kind == "chat" else "prompt")
+    if n >= context:
+        raise invalid(f"This model's maximum context length is {context} tokens, and the prompt has {n} tokens "
+                      "(no room left to generate)", "messages" if kind == "chat" else "prompt",
+                      "context_length_exceeded")
+    room = context - n
+    if max_tokens is not None and max_tokens > room:
+        raise invalid(f"This model's maximum context length is {context} tokens. However, you requested "
+                      f"{n + max_tokens} tokens ({n} in the prompt, {max_tokens} for the completion)",
+                      "max_completion_tokens" if kind == "chat" and "max_completion_tokens" in body else "max_tokens",
+                      "context_length_exceeded")
+    if max_tokens is None:
+        max_tokens = min(COMPLETION_DEFAULT_MAX_TOKENS, room) if kind == "completion" else room
+    options["max_new_tokens"] = max_tokens
+    label = options["policy"] if options["policy"] == "target" else f"{options['policy']}@{options['drafter']}"
+    timeout = timeout if timeout is not None else limits.request_timeout
+    return ParsedRequest(kind, model, prompt_ids, options, stream, include_usage, timeout, label)
+
+
+# -- responses ---------------------------------------------------------------------------------
+def finish_reason(stop_reason: str) -> str:
+    return FINISH.get(stop_reason, "stop")
+
+
+def speculation(stats, label: str, stop_reason: str | None = None) -> dict:
+    s = stats.to_json()
+    return {"policy": label, "drafted_tokens": s["drafted_tokens"], "accepted_tokens": s["accepted_tokens"],
+            "acceptance_rate": s["acceptance_rate"], "mean_accepted_length": s["mean_accepted_length"],
+            "acceptance_per_position": s["acceptance_per_position"], "verify_calls": s["verify_calls"],
+            "target_calls": s["target_calls"], "draft_calls": s["draft_calls"], "k_mean": s["k_mean"],
+            "stop_reason": stop_reason or s["stop_reason"]}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _prefix(req: ParsedRequest) -> str:
+    return ("chatcmpl-" if req.kind == "chat" else "cmpl-") + req.id
+
+
+def response(req: ParsedRequest, text: str, completion_tokens: int, stop_reason: str, spec: dict) -> dict:
+    if req.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                  "finish_reason": finish_reason(stop_reason), "logprobs": None}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason(stop_reason), "logprobs": None}
+        obj = "text_completion"
+    return {"id": _prefix(req), "object": obj, "created": req.created, "model": req.model, "choices": [choice],
+            "usage": usage(len(req.prompt_ids), completion_tokens), "speculation": spec}
+
+
+def chunk(req: ParsedRequest, text: str | None, finish: str | None = None, first: bool = False) -> dict:
+    """A streamed chunk carrying text (or, with finish, the finish reason)."""
+    if req.kind == "chat":
+        delta = {} if finish else {"content": text}
+        if first:
+            delta = {"role": "assistant", "content": text or ""}
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        obj = "text_completion"
+    out = {"id": _prefix(req), "object": obj, "created": req.created, "model": req.model, "choices": [choice]}
+    if req.include_usage:
+        out["usage"] = None
+    return out
+
+
+def usage_chunk(req: ParsedRequest, completion_tokens: int) -> dict:
+    return {"id": _prefix(req), "object": "chat.completion.chunk" if req.kind == "chat" else "text_completion",
+            "created": req.created, "model": req.model, "choices": [],
+            "usage": usage(len(req.prompt_ids), completion_tokens)}

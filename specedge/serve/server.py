@@ -1,0 +1,135 @@
+"""Running the app under uvicorn: the foreground server of `specedge serve` (SIGTERM / Ctrl+C drain in-flight
+requests for up to drain_timeout seconds, then cancel them and exit), and a server in a thread on an ephemeral
+port (tests, bench-serve, scripts)."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import signal
+import socket
+import threading
+import time
+
+import uvicorn
+
+from specedge.serve.app import DEFAULT_MAX_BODY_BYTES, create_app
+from specedge.serve.protocol import Limits
+
+log = logging.getLogger("specedge.serve")
+
+
+CANCEL_GRACE_S = 5.0          # after the drain: time for cancelled requests to end their responses cleanly
+
+
+def _config(app, host: str, port: int, drain_timeout: float) -> uvicorn.Config:
+    # uvicorn's own limit is the backstop: it cancels the handlers themselves (a cut-off response)
+    return uvicorn.Config(app, host=host, port=port, http="h11", loop="asyncio", ws="none", lifespan="on",
+                          log_config=None, access_log=False, timeout_graceful_shutdown=drain_timeout + CANCEL_GRACE_S,
+                          server_header=False)
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's shutdown (stop accepting, wait for in-flight responses), plus: once drain_timeout has passed,
+    the requests still running are cancelled through the runtime (their slots freed at the next step), so that
+    each ends with a proper error (a 503, or an error event and [DONE] in a stream) instead of a cut connection."""
+
+    def __init__(self, config: uvicorn.Config, service, drain_timeout: float):
+        super().__init__(config)
+        self.service, self.drain_timeout = service, drain_timeout
+
+    async def shutdown(self, sockets=None) -> None:
+        async def expire():
+            await asyncio.sleep(self.drain_timeout)
+            n = self.service.cancel_all("shutdown")
+            if n:
+                log.warning("drain timeout (%gs) over: cancelled %d request(s) still running", self.drain_timeout, n)
+
+        if self.service.active:
+            log.info("draining %d request(s) in flight (up to %gs)", len(self.service.active), self.drain_timeout)
+        timer = asyncio.ensure_future(expire())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve_forever(gen, limits: Limits, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+                  drain_timeout: float = 30.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    """Serves until SIGTERM / SIGINT; drains, closes the generator, returns."""
+    if not is_loopback(host) and not api_key:
+        log.warning("listening on %s without --api-key: anyone who can reach this port can use the server", host)
+    app = create_app(gen, limits, api_key=api_key, max_body_bytes=max_body_bytes)
+    server = _DrainingServer(_config(app, host, port, drain_timeout), app.state.service, drain_timeout)
+    # uvicorn re-raises the signal that stopped it once it is done, with the handler it found: a quiet one, so
+    # that we get to close the generator and exit normally
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        log.info("serving %s on http://%s:%d/v1 (max batch %d, default policy %s, drain timeout %gs)",
+                 limits.model, host, port, gen.max_batch, limits.policy, drain_timeout)
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        gen.close()
+        log.info("stopped")
+    if not server.started:
+        raise OSError(f"could not listen on {host}:{port} (see the log above)")
+
+
+class ServerThread:
+    """The app served by uvicorn in a background thread, on an ephemeral loopback port unless told otherwise.
+
+        with ServerThread(gen, Limits(model="m")) as server:
+            client = OpenAI(base_url=server.url, api_key="-")
+    """
+
+    def __init__(self, gen, limits: Limits, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+                 drain_timeout: float = 5.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+        self.app = create_app(gen, limits, api_key=api_key, max_body_bytes=max_body_bytes)
+        self.service = self.app.state.service
+        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.host, self.port = host, self.sock.getsockname()[1]
+        self.server = _DrainingServer(_config(self.app, host, self.port, drain_timeout), self.service, drain_timeout)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
+                                       name="specedge-serve")
+
+    @property
+    def base(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return self.base + "/v1"
+
+    def start(self, timeout: float = 30.0) -> "ServerThread":
+        self.thread.start()
+        end = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > end:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """As SIGTERM does: stop accepting, drain (up to drain_timeout), cancel the rest, stop."""
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

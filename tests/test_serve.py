@@ -1,0 +1,479 @@
+"""`specedge serve` end to end: the official openai client against servers started here on ephemeral loopback
+ports (tiny models, a few tokens each)."""
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("starlette")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from serve_helpers import MODEL, health, running, serve_bundle, sse_events, wait_idle  # noqa: E402
+from specedge.cli import main  # noqa: E402
+
+PROMPT = "def fib(n):"
+OTHERS = ["class A:\n", "import os\n", "x" * 70 + " = 1\n"]
+
+
+@pytest.fixture(scope="module")
+def bundle(workdir):
+    return serve_bundle(workdir)
+
+
+@pytest.fixture(scope="module")
+def server(bundle):
+    with running(bundle, max_batch=4, max_queue=16) as (srv, gen):
+        yield srv, gen
+
+
+def client(srv, **kw):
+    return openai.OpenAI(base_url=srv.url, api_key=kw.pop("api_key", "-"), max_retries=0, **kw)
+
+
+def post(srv, path, body, **kw):
+    return httpx.post(srv.url + path, json=body, timeout=30, **kw)
+
+
+def assert_openai_error(response, status, param=None):
+    assert response.status_code == status, response.text
+    err = response.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and isinstance(err["message"], str) and err["message"]
+    assert "Traceback" not in err["message"]
+    if param is not None:
+        assert err["param"] == param
+    return err
+
+
+def test_models_and_health(server):
+    srv, gen = server
+    models = client(srv).models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert health(srv) == {"status": "ok", "model": MODEL, "running": 0, "waiting": 0, "max_batch": 4,
+                           "max_queue": 16}
+
+
+def test_completion_and_chat_match_the_runtime(server):
+    srv, gen = server
+    c = client(srv)
+    out = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    expected = gen.generate(PROMPT, max_new_tokens=24, ignore_eos=True, use_draft=False)
+    assert out.choices[0].text == expected.text and out.choices[0].finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(gen.encode(PROMPT)), 24)
+    spec = out.model_extra["speculation"]
+    assert spec["policy"] == "adaptive@model" and spec["stop_reason"] == "max_new_tokens"
+    assert set(spec) >= {"drafted_tokens", "accepted_tokens", "mean_accepted_length", "acceptance_per_position"}
+
+    chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=16,
+                                     temperature=0, extra_body={"ignore_eos": True})
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].message.content == gen.generate("hi", chat=True, max_new_tokens=16, ignore_eos=True).text
+    multi = [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+             {"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    again = c.chat.completions.create(model=MODEL, messages=multi, max_tokens=8, temperature=0)
+    assert again.usage.prompt_tokens > chat.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_streams_end_with_usage_and_speculation(server, kind):
+    srv, gen = server
+    c = client(srv)
+    common = dict(model=MODEL, max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
+    if kind == "chat":
+        messages = [{"role": "user", "content": "hi"}]
+        make = lambda **kw: c.chat.completions.create(messages=messages, **common, **kw)  # noqa: E731
+        text_of = lambda ch: ch.delta.content or ""  # noqa: E731
+        whole = make().choices[0].message.content
+    else:
+        make = lambda **kw: c.completions.create(prompt=PROMPT, **common, **kw)  # noqa: E731
+        text_of = lambda ch: ch.text  # noqa: E731
+        whole = make().choices[0].text
+    chunks = list(make(stream=True, stream_options={"include_usage": True}))
+    assert "".join(text_of(ch.choices[0]) for ch in chunks if ch.choices) == whole
+    finals = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == "length"
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == 20
+    assert last.model_extra["speculation"]["stop_reason"] == "max_new_tokens"
+    plain = list(make(stream=True))                       # without include_usage the finish chunk carries the stats
+    assert plain[-1].choices[0].finish_reason == "length" and "speculation" in plain[-1].model_extra
+    assert all(ch.usage is None for ch in plain)
+
+
+def test_stop_strings(server):
+    srv, gen = server
+    full = gen.generate(PROMPT, max_new_tokens=40, ignore_eos=True).text
+    stop = full[6:9]
+    cut = full[: full.index(stop)]
+    out = client(srv).completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, stop=[stop],
+                                         extra_body={"ignore_eos": True})
+    assert out.choices[0].text == cut and out.choices[0].finish_reason == "stop"
+    assert out.model_extra["speculation"]["stop_reason"] == "stop_string"
+    streamed = client(srv).completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, stop=stop,
+                                              stream=True, extra_body={"ignore_eos": True})
+    assert "".join(ch.choices[0].text for ch in streamed) == cut
+
+
+def test_a_seed_reproduces_a_sampled_output(server):
+    """Under a fixed policy (adaptive's k follows the load, and with it which random numbers go where)."""
+    srv, gen = server
+    c = client(srv)
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=24, temperature=0.9, seed=7,
+              extra_body={"speculation": {"policy": "fixed:3"}, "ignore_eos": True})
+    first, second = c.completions.create(**kw), c.completions.create(**kw)
+    assert first.choices[0].text == second.choices[0].text
+    expected = gen.generate(PROMPT, max_new_tokens=24, temperature=0.9, seed=7, policy="fixed:3", ignore_eos=True)
+    assert first.choices[0].text == expected.text
+    other = c.completions.create(**{**kw, "seed": 8})
+    assert other.choices[0].text != first.choices[0].text
+
+
+def test_greedy_output_equals_specedge_generate_while_other_requests_run(server, bundle, capsys):
+    srv, gen = server
+    assert main(["generate", str(bundle), "--prompt", PROMPT, "--max-new-tokens", "40", "--ignore-eos", "--json",
+                 "--threads", "1"]) == 0
+    expected = json.loads(capsys.readouterr().out)
+    assert main(["generate", str(bundle), "--prompt", "hi", "--chat", "--max-new-tokens", "30", "--ignore-eos",
+                 "--json", "--threads", "1"]) == 0
+    expected_chat = json.loads(capsys.readouterr().out)
+    c = client(srv)
+    background, errors = [], []
+
+    def other(prompt, i):
+        try:
+            stream = c.completions.create(model=MODEL, prompt=prompt, max_tokens=60, temperature=0.8, seed=i,
+                                          stream=True, extra_body={"ignore_eos": True})
+            background.append("".join(ch.choices[0].text for ch in stream))
+        except Exception as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=other, args=(p, i)) for i, p in enumerate(OTHERS)]
+    for t in threads:
+        t.start()
+    out = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0,
+                               extra_body={"ignore_eos": True})
+    chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=30,
+                                     temperature=0,
+                                     extra_body={"ignore_eos": True, "speculation": {"policy": "fixed:4"}})
+    for t in threads:
+        t.join(60)
+    assert not errors and len(background) == len(OTHERS)
+    assert out.choices[0].text == expected["text"] and out.usage.completion_tokens == len(expected["tokens"])
+    assert chat.choices[0].message.content == expected_chat["text"]
+    assert max(e.batch for e in gen.events[-200:]) >= 2           # it really shared steps with the others
+
+
+def test_four_hundreds_are_in_openai_shape_and_the_server_goes_on(server):
+    srv, gen = server
+    base = {"model": MODEL, "prompt": "x"}
+    cases = [
+        ({**base, "n": 2}, "n"), ({**base, "presence_penalty": 0.5}, "presence_penalty"),
+        ({**base, "logprobs": 1}, "logprobs"), ({**base, "echo": True}, "echo"), ({**base, "suffix": "s"}, "suffix"),
+        ({**base, "logit_bias": {"1": 5}}, "logit_bias"), ({**base, "bogus": 1}, "bogus"),
+        ({**base, "temperature": -1}, "temperature"), ({**base, "max_tokens": 0}, "max_tokens"),
+        ({**base, "prompt": "y" * 300}, "prompt"), ({**base, "max_tokens": 256}, "max_tokens"),
+        ({**base, "speculation": {"policy": "fixed:99"}}, "speculation"),
+        ({**base, "speculation": {"policy": "sometimes"}}, "speculation"),
+        ({**base, "speculation": 5}, "speculation"), ({"prompt": "x"}, "model"),
+    ]
+    for body, param in cases:
+        assert_openai_error(post(srv, "/completions", body), 400, param)
+    long = assert_openai_error(post(srv, "/completions", {**base, "prompt": "y" * 300}), 400)
+    assert "256" in long["message"] and "300" in long["message"] and long["code"] == "context_length_exceeded"
+    fits = assert_openai_error(post(srv, "/completions", {**base, "prompt": "y" * 10, "max_tokens": 250}), 400)
+    assert "260 tokens (10 in the prompt, 250 for the completion)" in fits["message"]
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    for body, param in [({**chat, "logprobs": True}, "logprobs"), ({**chat, "tools": [{"type": "function"}]}, "tools"),
+                        ({**chat, "response_format": {"type": "json_object"}}, "response_format"),
+                        ({**chat, "messages": []}, "messages"),
+                        ({**chat, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+                         "messages[0].content"),
+                        ({**chat, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role")]:
+        assert_openai_error(post(srv, "/chat/completions", body), 400, param)
+    assert_openai_error(post(srv, "/completions", {**base, "model": "gpt-4"}), 404, "model")
+    assert_openai_error(httpx.post(srv.url + "/completions", content=b"{not json", timeout=10), 400)
+    assert_openai_error(httpx.post(srv.url + "/completions", content=b"[" * 100_000 + b"]" * 100_000, timeout=10), 400)
+    assert_openai_error(httpx.post(srv.url + "/completions", content=b"x" * ((1 << 20) + 1), timeout=10), 413)
+    assert_openai_error(httpx.get(srv.url + "/nowhere"), 404)
+    assert_openai_error(httpx.get(srv.url + "/completions"), 405)
+    with pytest.raises(openai.BadRequestError, match="not supported"):
+        client(srv).completions.create(model=MODEL, prompt="x", n=3)
+    # default values that clients send anyway are accepted
+    ok = post(srv, "/completions", {**base, "n": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": None,
+                                    "echo": False, "best_of": 1, "logit_bias": {}, "user": "me", "max_tokens": 2})
+    assert ok.status_code == 200, ok.text
+    ok = post(srv, "/chat/completions", {**chat, "logprobs": False, "tools": [], "tool_choice": "none",
+                                         "response_format": {"type": "text"}, "max_completion_tokens": 2,
+                                         "stream": False, "store": False, "parallel_tool_calls": True})
+    assert ok.status_code == 200, ok.text
+    assert health(srv)["status"] == "ok"
+
+
+def test_a_request_past_its_timeout_ends_with_what_it_has(bundle):
+    with running(bundle, max_batch=1, slow=0.02) as (srv, gen):
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+                "speculation": "off"}                                   # one token per step: 200 steps take 4 s
+        with httpx.stream("POST", srv.url + "/completions", json={**body, "stream": True}, timeout=30):
+            # the only slot is busy: a request that times out before its first token is a 503
+            err = assert_openai_error(post(srv, "/completions", {**body, "timeout": 0.3}), 503)
+            assert err["code"] == "timeout"
+        out = client(srv).completions.create(model=MODEL, prompt=PROMPT, max_tokens=200, temperature=0,
+                                             extra_body={"ignore_eos": True, "timeout": 0.6, "speculation": "off"})
+        assert out.choices[0].finish_reason == "length" and 0 < out.usage.completion_tokens < 200
+        assert out.model_extra["speculation"]["stop_reason"] == "timeout"
+        assert wait_idle(srv)["running"] == 0
+
+
+def test_a_client_that_disconnects_frees_its_slot(bundle, caplog):
+    caplog.set_level(logging.INFO, logger="specedge.serve")
+    with running(bundle, max_batch=1, max_queue=0, slow=0.02) as (srv, gen):
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True,
+                "ignore_eos": True, "speculation": "off"}                # one token per step
+        with httpx.stream("POST", srv.url + "/completions", json=body, timeout=30) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            assert health(srv)["running"] == 1
+        state = wait_idle(srv)                                         # closed mid-stream: freed at a step boundary
+        assert state["running"] == 0 and state["waiting"] == 0
+        # a non-streamed request whose client gives up frees its slot too
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/completions", json={**body, "stream": False}, timeout=0.5)
+        assert wait_idle(srv)["running"] == 0
+        out = client(srv).completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0)
+        assert out.usage.completion_tokens <= 3                         # the slot serves the next request
+        assert gen.counters["steps"] < 150                              # the abandoned ones did not run to the end
+    assert any("client_disconnected" in r.getMessage() for r in caplog.records)
+
+
+def test_a_full_queue_is_429_with_retry_after(bundle):
+    with running(bundle, max_batch=1, max_queue=1, slow=0.02) as (srv, gen):
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True,
+                "ignore_eos": True}
+        with httpx.stream("POST", srv.url + "/completions", json=body, timeout=30) as first, \
+                httpx.stream("POST", srv.url + "/completions", json=body, timeout=30) as second:
+            assert first.status_code == second.status_code == 200
+            full = post(srv, "/completions", {**body, "stream": False, "max_tokens": 2})
+            err = assert_openai_error(full, 429)
+            assert full.headers["retry-after"] == "1" and err["type"] == "rate_limit_error"
+            with pytest.raises(openai.RateLimitError):
+                client(srv).completions.create(model=MODEL, prompt="x", max_tokens=2)
+        assert wait_idle(srv)["running"] == 0
+
+
+def test_an_api_key_is_required_when_set(bundle):
+    with running(bundle, max_batch=1, api_key="sekrit") as (srv, gen):
+        with pytest.raises(openai.AuthenticationError):
+            client(srv).models.list()
+        with pytest.raises(openai.AuthenticationError):
+            client(srv, api_key="wrong").completions.create(model=MODEL, prompt="x", max_tokens=2)
+        assert_openai_error(httpx.get(srv.url + "/models"), 401)
+        out = client(srv, api_key="sekrit").completions.create(model=MODEL, prompt="x", max_tokens=2)
+        assert out.usage.completion_tokens <= 2
+        assert httpx.get(srv.base + "/health").status_code == 200     # health and metrics stay open (loopback)
+
+
+def _samples(text: str) -> dict:
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            values[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return values
+
+
+def test_metrics_equal_the_sum_of_the_responses(bundle):
+    with running(bundle, max_batch=4) as (srv, gen):
+        c = client(srv)
+        responses = []
+        for i, spec in enumerate(["off", {"policy": "fixed:3"}, {"policy": "adaptive"}, {"policy": "fixed:5"},
+                                  {"policy": "heuristic"}]):
+            kw = dict(model=MODEL, max_tokens=12 + 5 * i, temperature=0 if i % 2 else 0.7, seed=i,
+                      extra_body={"speculation": spec, "ignore_eos": True})
+            if i % 2:
+                responses.append(c.completions.create(prompt=OTHERS[i % 3], **kw))
+            else:
+                chunks = list(c.chat.completions.create(messages=[{"role": "user", "content": "hi"}], stream=True,
+                                                        stream_options={"include_usage": True}, **kw))
+                responses.append(chunks[-1])
+        values = _samples(httpx.get(srv.base + "/metrics").text)
+        specs = [r.model_extra["speculation"] for r in responses]
+
+        def metric(name, **labels):
+            return values.get((f"specedge:{name}", tuple(sorted(labels.items()))), 0.0)
+
+        assert metric("spec_decode_num_draft_tokens_total") == sum(s["drafted_tokens"] for s in specs) > 0
+        assert metric("spec_decode_num_accepted_tokens_total") == sum(s["accepted_tokens"] for s in specs) > 0
+        assert metric("spec_decode_num_drafts_total") == sum(s["verify_calls"] for s in specs)
+        assert sum(v for (name, _), v in values.items()
+                   if name == "specedge:spec_decode_num_accepted_tokens_per_pos_total") == sum(
+            s["accepted_tokens"] for s in specs)
+        assert metric("generation_tokens_total") == sum(r.usage.completion_tokens for r in responses)
+        assert metric("prompt_tokens_total") == sum(r.usage.prompt_tokens for r in responses)
+        assert metric("request_success_total", finished_reason="length") == len(responses)
+        assert metric("e2e_request_latency_seconds_count") == metric("time_to_first_token_seconds_count") == 5
+        assert metric("num_requests_running") == metric("num_requests_waiting") == 0
+        assert metric("decode_steps_without_draft_total") > 0           # the "off" request ran k = 0 steps
+        assert sum(v for (name, _), v in values.items() if name == "specedge:decode_steps_total") > 0
+
+
+def test_sixteen_concurrent_streams_lose_nothing_and_leave_no_slot_busy(server):
+    srv, gen = server
+    c = client(srv)
+    results, errors = {}, []
+    solo = gen.generate(PROMPT, max_new_tokens=24, ignore_eos=True, use_draft=False).text
+
+    def one(i):
+        try:
+            spec = ["off", {"policy": "fixed:4"}, {"policy": "adaptive"},
+                    {"policy": "fixed:2", "drafter": "hybrid"}][i % 4]
+            stream = c.completions.create(model=MODEL, prompt=PROMPT if i % 2 else OTHERS[i % 3], max_tokens=24,
+                                          temperature=0, stream=True, stream_options={"include_usage": True},
+                                          extra_body={"speculation": spec, "ignore_eos": True})
+            chunks = list(stream)
+            text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+            results[i] = (text, chunks[-1].usage.completion_tokens)
+        except Exception as err:  # noqa: BLE001
+            errors.append(err)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert time.monotonic() - started < 90
+    assert not errors and sorted(results) == list(range(16))
+    assert all(n == 24 for _, n in results.values())
+    assert all(results[i][0] == solo for i in range(1, 16, 2))         # every greedy row got its solo output
+    assert wait_idle(srv) == {**health(srv), "running": 0, "waiting": 0}
+    rejections = httpx.get(srv.url + "/speculation/rejections", params={"recent": 5}).json()
+    assert rejections["steps"] > 0 and len(rejections["recent"]) <= 5 and "by_draft_class" in rejections
+    assert_openai_error(httpx.get(srv.url + "/speculation/rejections", params={"recent": "x"}), 400, "recent")
+
+
+def test_shutdown_drains_in_flight_requests_then_cancels_the_rest(bundle):
+    body = {"model": MODEL, "prompt": PROMPT, "temperature": 0, "stream": True, "ignore_eos": True,
+            "speculation": "off"}
+    with running(bundle, max_batch=2, slow=0.01, drain_timeout=10) as (srv, gen):
+        with httpx.stream("POST", srv.url + "/completions", json={**body, "max_tokens": 40}, timeout=30) as response:
+            lines = response.iter_lines()
+            next(lines)
+            srv.server.should_exit = True                               # what SIGTERM does
+            events = sse_events(lines)
+        assert events[-1] == "[DONE]" and events[-2]["speculation"]["stop_reason"] == "max_new_tokens"
+        srv.thread.join(10)
+        assert not srv.thread.is_alive()
+    with running(bundle, max_batch=2, slow=0.02, drain_timeout=0.3) as (srv, gen):
+        with httpx.stream("POST", srv.url + "/completions", json={**body, "max_tokens": 200}, timeout=30) as response:
+            lines = response.iter_lines()
+            next(lines)
+            started = time.monotonic()
+            srv.server.should_exit = True
+            events = sse_events(lines)                                  # cancelled once the drain time is over
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "shutting_down"
+        srv.thread.join(10)
+        assert not srv.thread.is_alive() and time.monotonic() - started < 5
+        for _ in range(100):
+            if not gen.scheduler.running:
+                break
+            time.sleep(0.02)
+        assert not gen.scheduler.running                              # cancelled, slot freed
+
+
+def test_bench_serve_writes_results_and_plots(server, tmp_path, capsys):
+    srv, gen = server
+    out = tmp_path / "bench"
+    assert main(["bench-serve", "--url", srv.url, "--concurrency", "1,2", "--policies", "target,fixed:2",
+                 "--requests", "2", "--max-tokens", "6", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["levels"] == [1, 2] and results["model"] == MODEL
+    entry = results["runs"]["fixed:2"]["2"]
+    assert entry["requests"] == 2 and entry["errors"] == 0 and entry["output_tok_per_s"] > 0
+    assert entry["ttft_s"]["p50"] > 0 and entry["tpot_s"]["p99"] >= entry["tpot_s"]["p50"]
+    assert (out / "serve_throughput.png").exists() and (out / "serve_tpot.png").exists()
+    assert "TPOT p50" in capsys.readouterr().out
+    assert main(["bench-serve"]) == 2                                  # neither a bundle nor --url: one-line error
+
+
+def test_sigterm_stops_the_command_cleanly(bundle, tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "serve.log"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "specedge.cli", "serve", str(bundle), "--port", str(port),
+                                 "--max-batch", "2", "--threads", "1", "--served-model-name", MODEL],
+                                stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        out = openai.OpenAI(base_url=url + "/v1", api_key="-", max_retries=0).completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0)
+        assert out.usage.completion_tokens <= 4
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "POST /v1/completions 200" in text and "stopped" in text and "Traceback" not in text
+
+
+def test_a_stream_whose_client_leaves_at_once_is_cancelled(bundle):
+    """The app called directly, with a client that is gone right after its request: whether or not the stream's
+    body started, its sequence is cancelled and nothing stays in flight."""
+    from specedge.runtime import load
+    from specedge.serve import Limits, create_app
+    from serve_helpers import slow_down
+
+    gen = load(bundle, max_batch=1, background=True, threads=1)
+    slow_down(gen, 0.02)
+    app = create_app(gen, Limits(model=MODEL))
+    service = app.state.service
+    body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 200, "stream": True, "ignore_eos": True,
+                       "speculation": "off"}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+
+    async def main():
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(message):
+            pass
+
+        async with service.lifespan(app):
+            await app(scope, receive, send)
+
+    try:
+        asyncio.run(main())
+        for _ in range(250):
+            if not gen.scheduler.running and not gen.scheduler.waiting:
+                break
+            time.sleep(0.02)
+        assert not gen.scheduler.running and not gen.scheduler.waiting
+        assert not service.active and not service._unstarted
+        assert gen.counters["steps"] < 100
+    finally:
+        gen.close()

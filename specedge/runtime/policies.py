@@ -181,7 +181,8 @@ class AdaptivePolicy(Policy):
     estimate of the last tried one, and every `explore_every` steps it tries one more (then one fewer) than the
     best k, so the costs of other verify sizes and the acceptance of deeper positions get measured. While k = 0
     wins it still probes with k = 1 after `probe_every` steps (one row of the batch: `probing`), to notice when
-    the draft or the load changed; a probe after which k = 0 still wins doubles the wait (up to 16x: with a
+    the draft or the load changed; at each batch size the plain step is measured before any k is weighed against
+    it; a probe after which k = 0 still wins doubles the wait (up to 16x: with a
     useless draft the probes, and the draft catching up the text for them, were most of what it cost). Off, it
     does not weigh the options again until the probe or a change of batch size (a plain step teaches it
     nothing): a tiny model's step is a fraction of a millisecond, and the weighing itself would show.

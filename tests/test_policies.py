@@ -188,3 +188,22 @@ def test_cost_model_keeps_a_curve_per_batch_size():
     assert costs.verify(8, 8) == 1.0 and costs.verify(8, 1) == 0.3
     assert costs.verify(5, 1) == pytest.approx(0.25)                    # on B = 1's own line over T
     assert costs.verify(16, 4) == pytest.approx(costs.by_tokens(16))   # B = 4 unseen: total tokens
+
+
+def test_adaptive_measures_the_plain_step_at_a_new_batch_size_first():
+    """k = 0 is the baseline every k is weighed against: at a batch size whose plain step was never measured it is
+    measured (k = 0) rather than extrapolated from the verify sizes tried there."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    _drive_batch(policy, 1, 30)
+    assert policy.next_k(8, batch=3) == 0
+    draft_s, verify_s = _batch_costs(3, 0)
+    policy.observe_costs(0, 0.0, verify_s, 3, 3)
+    assert policy.costs.measured(3, 1)
+
+
+def test_one_measured_size_extrapolates_halfway_between_free_and_proportional():
+    from specedge.runtime.policies import SINGLE_POINT_GROWTH, CostCurve
+
+    curve = CostCurve()
+    curve.observe(2, 0.1)
+    assert curve(4) == pytest.approx(0.1 * (1 + SINGLE_POINT_GROWTH)) and 0.1 < curve(4) < 0.2

@@ -97,6 +97,15 @@ class ModelBackend:
     def kv_slot_bytes(self) -> int:
         raise NotImplementedError
 
+    def _fixed_shape_call(self, starts, tokens, last, lo: int) -> PaddedCall:
+        """GPU backends: a call laid out in the host staging buffers (_ids, _positions, _logit_rows), decode-sized
+        calls at the one fixed shape (fixed_decode_shape, width); its first len(starts) rows are the caller's."""
+        assert 0 <= lo and lo + len(starts) <= self.max_batch, (lo, len(starts), self.max_batch)
+        starts, tokens, last = fixed_decode_shape(starts, tokens, last, lo, self.max_batch, self.width, self.max_seq_len)
+        call = pad_call(starts, tokens, last, self.min_rows, self._ids, self._positions, self._logit_rows, self.width)
+        assert max(starts) + call.ids.shape[1] <= self.kv_slots, (starts, call.ids.shape, self.kv_slots)
+        return call
+
 
 class SlotCursor:
     """One sequence in one slot: a position counter over a backend (tests, export checks, probes)."""

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from specedge.errors import BundleError, OptionError
-from specedge.runtime.backends.base import ModelBackend, fixed_decode_shape, pad_call
+from specedge.runtime.backends.base import ModelBackend
 from specedge.runtime.backends.cpu import check_io
 from specedge.runtime.backends.device_memory import CudaCopies, HostCopies
 
@@ -186,11 +186,8 @@ class CudaBackend(ModelBackend):
 
     def run(self, starts, tokens, last, lo: int = 0, want: str = "logits") -> list[np.ndarray]:
         b = len(starts)
-        assert 0 <= lo and lo + b <= self.max_batch, (lo, b, self.max_batch)
-        starts, tokens, last = fixed_decode_shape(starts, tokens, last, lo, self.max_batch, self.width, self.max_seq_len)
-        call = pad_call(starts, tokens, last, self.min_rows, self._ids, self._positions, self._logit_rows, self.width)
-        rows, t, n = len(starts), call.ids.shape[1], call.logit_rows.shape[1]
-        assert max(starts) + t <= self.kv_slots, (starts, t, self.kv_slots)
+        call = self._fixed_shape_call(starts, tokens, last, lo)
+        rows, t, n = call.ids.shape[0], call.ids.shape[1], call.logit_rows.shape[1]
         binding, run_options = self._binding((lo, rows, t, n))
         self.copies.to_device(self._dev_ids.data_ptr(), self._ids[: rows * t])
         self.copies.to_device(self._dev_positions.data_ptr(), self._positions[: rows * t])

@@ -37,7 +37,7 @@ from specedge.engines.tensorrt_record import (REBUILD, Profile, check_record, co
                                               select_profile)
 from specedge.engines.trt_ops import MIN_TENSORRT
 from specedge.errors import BundleError, OptionError
-from specedge.runtime.backends.base import ModelBackend, fixed_decode_shape, pad_call
+from specedge.runtime.backends.base import ModelBackend
 from specedge.runtime.backends.cuda_python import CudaError, CudaRuntime, stream_handle
 from specedge.runtime.manifest import MANIFEST
 
@@ -351,11 +351,8 @@ class TensorRtBackend(ModelBackend):
     # -- calls ----------------------------------------------------------------------------
     def run(self, starts, tokens, last, lo: int = 0, want: str = "logits") -> list[np.ndarray]:
         b = len(starts)
-        assert 0 <= lo and lo + b <= self.max_batch, (lo, b, self.max_batch)
-        starts, tokens, last = fixed_decode_shape(starts, tokens, last, lo, self.max_batch, self.width, self.max_seq_len)
-        call = pad_call(starts, tokens, last, self.min_rows, self._ids, self._positions, self._logit_rows, self.width)
-        rows, t, n = len(starts), call.ids.shape[1], call.logit_rows.shape[1]
-        assert max(starts) + t <= self.kv_slots, (starts, t, self.kv_slots)
+        call = self._fixed_shape_call(starts, tokens, last, lo)
+        rows, t, n = call.ids.shape[0], call.ids.shape[1], call.logit_rows.shape[1]
         unit = self._unit((lo, rows, t, n))
         cuda, stream = self.cuda, self.stream
         for dev, host, count in ((self._dev_ids, self._ids, rows * t), (self._dev_positions, self._positions, rows * t),

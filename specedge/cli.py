@@ -69,8 +69,8 @@ def cli():
               help="Quantize the embedding tables of quantized models too (GatherBlockQuantized) "
                    "[default: on with --quantize or --draft-quantize].")
 @click.option("--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "fp16", "bf16"]),
-              help="Weights, activations and KV buffers (norms, softmax and logits stay float32). fp16/bf16 run on "
-                   "GPU backends only; their export check runs a float32 copy of the graph plus a dtype audit.")
+              help="Weights, activations and KV buffers (norms, softmax and logits stay float32). bf16 runs on GPU "
+                   "backends only, fp16 on the CPU provider too; checked through a float32 copy plus a dtype audit.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
 def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draft_quantize, block_size,
            accuracy_level, attention, quantize_embeddings, dtype, force):

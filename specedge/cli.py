@@ -438,14 +438,15 @@ def bench_serve(bundle, url, api_key, model, concurrency, policies, requests_per
     """Load a server with the openai client at several concurrency levels, per speculation policy."""
     try:
         import openai  # noqa: F401
-        from specedge.bench.serve import parse_levels, plots, run_bench_serve, served, table
+        from specedge.bench.serve import plots, run_bench_serve, served, table
     except ImportError as err:
         raise _serve_extra(err) from err
+    from specedge.bench.batch import parse_batches
     from specedge.bench.runner import load_prompts, write_results
 
     if (bundle is None) == (url is None):
         raise OptionError("give either a BUNDLE to serve or --url of a running server")
-    levels = parse_levels(concurrency)
+    levels = parse_batches(concurrency, "--concurrency")
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if not names:
         raise OptionError("--policies is empty")

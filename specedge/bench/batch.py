@@ -16,13 +16,14 @@ from specedge.runtime.memory import memory_report
 from specedge.runtime.stats import GenerationStats
 
 
-def parse_batches(text: str) -> list[int]:
+def parse_batches(text: str, option: str = "--batch") -> list[int]:
+    """'1,2,4' -> [1, 2, 4] (sorted, unique, each >= 1); also bench-serve's --concurrency."""
     try:
         sizes = sorted({int(part) for part in text.split(",") if part.strip()})
     except ValueError:
-        raise OptionError(f"--batch: expected comma-separated integers, got '{text}'") from None
+        raise OptionError(f"{option}: expected comma-separated integers, got '{text}'") from None
     if not sizes or sizes[0] < 1:
-        raise OptionError(f"--batch: sizes must be >= 1, got '{text}'")
+        raise OptionError(f"{option}: sizes must be >= 1, got '{text}'")
     return sizes
 
 

@@ -22,20 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from specedge.errors import OptionError, SpecedgeError
+from specedge.errors import SpecedgeError
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16)
 DEFAULT_POLICIES = ("target", "fixed:4", "adaptive")
-
-
-def parse_levels(text: str) -> list[int]:
-    try:
-        levels = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise OptionError(f"--concurrency must be comma-separated integers, got '{text}'") from None
-    if not levels or levels[0] < 1:
-        raise OptionError(f"--concurrency levels must be at least 1, got '{text}'")
-    return levels
 
 
 def speculation_body(policy: str):

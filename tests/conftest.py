@@ -67,6 +67,13 @@ def standard_bundles(workdir):
                                   quantize="int4")}
 
 
+def together(gen, requests):
+    """Submits every (prompt, options) at once, so the worker admits them into one batch -> results."""
+    with gen.scheduler.wake:
+        streams = [gen.stream(prompt, **options) for prompt, options in requests]
+    return [s.wait() for s in streams]
+
+
 def manifest_of(bundle: Path) -> dict:
     return json.loads((Path(bundle) / "manifest.json").read_text())
 

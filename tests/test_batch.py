@@ -7,7 +7,7 @@ import threading
 import pytest
 
 import tiny_models as tm
-from conftest import ARCHS, TARGET_ROWS, _export
+from conftest import ARCHS, TARGET_ROWS, _export, together
 from specedge.errors import BundleError, OptionError, SpecedgeError
 from specedge.runtime import QueueFull, load
 
@@ -29,13 +29,6 @@ def batch_bundles(workdir, standard_bundles):
     return bundles
 
 
-def _together(gen, requests):
-    """Submits every (prompt, options) at once, so the worker admits them into one batch -> results."""
-    with gen.scheduler.wake:
-        streams = [gen.stream(prompt, **options) for prompt, options in requests]
-    return [s.wait() for s in streams]
-
-
 def _requests(sampled: bool):
     requests = []
     for i, (prompt, n) in enumerate(zip(PROMPTS, NEW_TOKENS)):
@@ -50,7 +43,7 @@ def _check_batch_equals_solo(bundle, sampled):
     gen = load(bundle, max_batch=4)
     requests = _requests(sampled)
     solo = [gen.generate(prompt, **options).tokens for prompt, options in requests]
-    batched = _together(gen, requests)
+    batched = together(gen, requests)
     assert [r.tokens for r in batched] == solo
     assert max(e.batch for e in gen.events) >= 3                  # rows really shared calls
     assert sum(r.stats.n_verify for r in batched) > 0
@@ -75,7 +68,7 @@ def test_batched_greedy_speculation_equals_target_only(batch_bundles):
     gen = load(batch_bundles["llama"], max_batch=4)
     target_only = [gen.generate(p, max_new_tokens=n, ignore_eos=True, use_draft=False).tokens
                    for p, n in zip(PROMPTS, NEW_TOKENS)]
-    batched = _together(gen, [(p, dict(max_new_tokens=n, ignore_eos=True, policy="adaptive"))
+    batched = together(gen, [(p, dict(max_new_tokens=n, ignore_eos=True, policy="adaptive"))
                               for p, n in zip(PROMPTS, NEW_TOKENS)])
     assert [r.tokens for r in batched] == target_only
 
@@ -234,7 +227,7 @@ def test_every_step_leaves_a_record(bad_batch_bundle):
     """B, k per row, accepted per row, predicted accepted (adaptive), each row's first rejection with both
     tokens and, when sampling, both probabilities; the records add up to the per-request stats."""
     gen = load(bad_batch_bundle, max_batch=2)
-    results = _together(gen, [(PROMPTS[0], dict(max_new_tokens=40, ignore_eos=True, policy="fixed:3")),
+    results = together(gen, [(PROMPTS[0], dict(max_new_tokens=40, ignore_eos=True, policy="fixed:3")),
                               (PROMPTS[1], dict(max_new_tokens=40, ignore_eos=True, policy="fixed:3",
                                                 temperature=1.0, seed=5))])
     events = gen.events
@@ -257,7 +250,7 @@ def test_every_step_leaves_a_record(bad_batch_bundle):
 def test_a_probe_costs_one_row(bad_batch_bundle):
     """With a useless draft adaptive switches off for the batch; its probes (k = 1) go to one row only."""
     gen = load(bad_batch_bundle, max_batch=3)
-    _together(gen, [(p, dict(max_new_tokens=120, ignore_eos=True, policy="adaptive")) for p in PROMPTS[:3]])
+    together(gen, [(p, dict(max_new_tokens=120, ignore_eos=True, policy="adaptive")) for p in PROMPTS[:3]])
     late = [e for e in gen.events[30:] if e.batch == 3]
     assert late and sum(1 for e in late if max(e.k)) >= 1
     assert all(sum(1 for k in e.k if k) <= 1 for e in late), [e.k for e in late]

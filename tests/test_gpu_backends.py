@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 
 import tiny_models as tm
-from conftest import TARGET_ROWS, _export
+from conftest import TARGET_ROWS, _export, together
 from specedge.cli import main
 from specedge.errors import OptionError
 from specedge.runtime import load
@@ -29,12 +29,6 @@ def gpu_bundles(workdir, standard_bundles):
             "gqa": _export(workdir, "gpu-gqa", qwen2, None, tok, max_seq_len=64)}
 
 
-def _together(gen, requests):
-    with gen.scheduler.wake:
-        streams = [gen.stream(prompt, **options) for prompt, options in requests]
-    return [s.wait() for s in streams]
-
-
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_the_cuda_code_path_gives_the_cpu_backends_tokens_in_a_batch(gpu_bundles, dtype):
     """Device buffers bound by pointer, inputs copied in, ids copied out, slots compacted by device copies: a batch
@@ -44,7 +38,7 @@ def test_the_cuda_code_path_gives_the_cpu_backends_tokens_in_a_batch(gpu_bundles
     requests = [(p, dict(max_new_tokens=n, ignore_eos=True, policy="fixed:3")) for p, n in zip(PROMPTS, (10, 30, 20))]
     expected = [solo.generate(p, **o).tokens for p, o in requests]
     gen = load(bundle, backend="cuda", backend_options=ON_CPU, max_batch=3)
-    assert [r.tokens for r in _together(gen, requests)] == expected
+    assert [r.tokens for r in together(gen, requests)] == expected
     sampled = dict(max_new_tokens=16, ignore_eos=True, policy="fixed:2", temperature=0.8, seed=11)
     assert gen.generate(PROMPTS[1], **sampled).tokens == solo.generate(PROMPTS[1], **sampled).tokens
 
@@ -53,7 +47,7 @@ def test_every_decode_call_runs_at_one_shape(gpu_bundles):
     """Exact by construction: all max_batch rows, max_draft + 1 tokens (target) or 2 (draft) wide, whatever the batch
     and k; only a joining sequence's prefill chunks, and a draft's catch-up, run at their own slot and shape."""
     gen = load(gpu_bundles["fp32"], backend="cuda", backend_options=ON_CPU, max_batch=3)
-    _together(gen, [(p, dict(max_new_tokens=12, ignore_eos=True, policy="adaptive")) for p in PROMPTS])
+    together(gen, [(p, dict(max_new_tokens=12, ignore_eos=True, policy="adaptive")) for p in PROMPTS])
     gen.generate(PROMPTS[0], max_new_tokens=12, ignore_eos=True, policy="target")
     width = gen.max_draft + 1
     for backend, w in ((gen.target, width), (gen.draft, 2)):
@@ -124,6 +118,6 @@ def test_on_a_gpu_greedy_speculation_equals_target_only(gpu_bundles, dtype):
     for prompt in PROMPTS:
         target = gen.generate(prompt, max_new_tokens=24, ignore_eos=True, policy="target").tokens
         assert gen.generate(prompt, max_new_tokens=24, ignore_eos=True, policy="fixed:3").tokens == target
-    together = _together(gen, [(p, dict(max_new_tokens=24, ignore_eos=True, policy="fixed:3")) for p in PROMPTS])
-    assert [r.tokens for r in together] == [gen.generate(p, max_new_tokens=24, ignore_eos=True,
+    batch = together(gen, [(p, dict(max_new_tokens=24, ignore_eos=True, policy="fixed:3")) for p in PROMPTS])
+    assert [r.tokens for r in batch] == [gen.generate(p, max_new_tokens=24, ignore_eos=True,
                                                          policy="target").tokens for p in PROMPTS]

@@ -12,7 +12,7 @@ import pytest
 
 import fake_tensorrt
 import tiny_models as tm
-from conftest import TARGET_ROWS, _export, manifest_of
+from conftest import TARGET_ROWS, _export, manifest_of, together
 from specedge.cli import main
 from specedge.engines import trt_ops
 from specedge.engines.tensorrt_build import build_tensorrt_engines
@@ -45,12 +45,6 @@ def fake(monkeypatch):
 
 def _graph(bundle, role="target"):
     return onnx.load(str(bundle / manifest_of(bundle)["models"][role]["file"]), load_external_data=False)
-
-
-def _together(gen, requests):
-    with gen.scheduler.wake:
-        streams = [gen.stream(prompt, **options) for prompt, options in requests]
-    return [s.wait() for s in streams]
 
 
 # -- the operator list ------------------------------------------------------------------------------------
@@ -193,7 +187,7 @@ def test_the_tensorrt_backend_gives_the_cpu_backends_tokens(bundle, fake):
     requests = [(p, dict(max_new_tokens=n, ignore_eos=True, policy="fixed:3")) for p, n in zip(PROMPTS, (10, 30, 20))]
     expected = [solo.generate(p, **o).tokens for p, o in requests]
     gen = load(bundle, backend="tensorrt", max_batch=3)
-    assert [r.tokens for r in _together(gen, requests)] == expected
+    assert [r.tokens for r in together(gen, requests)] == expected
     sampled = dict(max_new_tokens=16, ignore_eos=True, policy="fixed:2", temperature=0.8, seed=11)
     assert gen.generate(PROMPTS[1], **sampled).tokens == solo.generate(PROMPTS[1], **sampled).tokens
     for backend, width in ((gen.target, 9), (gen.draft, 2)):

@@ -18,6 +18,7 @@ from specedge.errors import OptionError
 class Policy:
     early_stop = False                # True: ask keep_drafting before each further draft step
     shared = False
+    off = False                       # True: speculation is switched off for now (adaptive), the draft is not fed
     name = "policy"
 
     def next_k(self, max_k: int, batch: int = 1) -> int:

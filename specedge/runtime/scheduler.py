@@ -129,7 +129,7 @@ class Scheduler:
         out = self.m.target.run([s.prefilled], [chunk], [1], lo=s.slot, want="ids" if s.warp.greedy else "logits")[0]
         # while a shared policy has speculation off, the draft is not fed: it catches up once speculation is on
         # again (batch_step.catch_up), and a useless draft then costs nothing per request
-        if s.uses_draft_model and self.m.draft is not None and s.dft_pos == s.prefilled and not s.policy_off:
+        if s.uses_draft_model and self.m.draft is not None and s.dft_pos == s.prefilled and not s.policy.off:
             self.m.draft.run([s.prefilled], [chunk], [0], lo=s.slot, want="ids")
             s.dft_pos = s.prefilled + len(chunk)
         self.counters["prefill_chunks"] += 1

@@ -79,11 +79,6 @@ class Sequence:
         return self.tokens[len(self.prompt_ids):]
 
     @property
-    def policy_off(self) -> bool:
-        """Its (shared) policy has switched speculation off for now."""
-        return getattr(self.policy, "off", False)
-
-    @property
     def uses_draft_model(self) -> bool:
         return self.drafter in ("model", "hybrid")
 

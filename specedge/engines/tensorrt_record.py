@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from specedge.errors import BundleError, OptionError
+from specedge.runtime.backends.base import decode_width as base_decode_width
 
 RECORD_VERSION = 1
 LEVELS = {"none": "NONE", "same_compute_capability": "SAME_COMPUTE_CAPABILITY", "ampere_plus": "AMPERE_PLUS"}
@@ -81,8 +82,8 @@ def max_step(manifest: dict, prefill_chunk: int) -> int:
 
 
 def decode_width(manifest: dict, role: str) -> int:
-    """Tokens a row of every decode call carries on GPU backends (generator.py): max_draft + 1 (target), 2 (draft)."""
-    return manifest["max_draft"] + 1 if role == "target" else 2
+    """Tokens a row of every decode call carries on GPU backends (backends/base.py)."""
+    return base_decode_width(manifest["max_draft"], role)
 
 
 def default_profiles(manifest: dict, role: str, max_batch: int, prefill_chunk: int) -> list[Profile]:

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 
 from specedge.errors import BundleError, OptionError, SpecedgeError
 from specedge.runtime.backends import choose_backend, open_backend
+from specedge.runtime.backends.base import decode_width
 from specedge.runtime.batch_step import Models
 from specedge.runtime.chat import render_chat
 from specedge.runtime.manifest import read_manifest
@@ -64,7 +65,7 @@ class Generator:
         elif backend in ("cuda", "tensorrt"):
             options.update(device_id=device_id, cuda_graphs=cuda_graphs)
             # one shape for every decode call (exact by construction, one CUDA graph): see backends/cuda.py
-            widths = {"target": self.max_draft + 1, "draft": 2}
+            widths = {role: decode_width(self.max_draft, role) for role in ("target", "draft")}
         self.target = open_backend(backend, self.path / models["target"]["file"], models["target"], self.max_seq_len,
                                    max_batch=max_batch, threads=threads, max_step=max_step,
                                    **self._with_width(options, widths["target"]))

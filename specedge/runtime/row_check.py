@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from specedge.runtime.backends import open_backend
-from specedge.runtime.backends.base import ModelBackend, SlotCursor
+from specedge.runtime.backends.base import ModelBackend, SlotCursor, decode_width
 
 ROWS_CHECK = (7, 4)                   # prefix, then a verify-sized step replayed one token at a time
 
@@ -49,7 +49,7 @@ def bundle_rows_bitwise_equal(bundle: Path, manifest: dict, role: str = "target"
     entry = manifest["models"][role]
     options = {}
     if backend in ("cuda", "tensorrt"):
-        options = {"device_id": device_id, "width": manifest["max_draft"] + 1 if role == "target" else 2}
+        options = {"device_id": device_id, "width": decode_width(manifest["max_draft"], role)}
     model = open_backend(backend, Path(bundle) / entry["file"], entry, manifest["max_seq_len"], max_step=max(ROWS_CHECK),
                          **{**options, **backend_options})
     rows = choose_min_rows(model, manifest["vocab_size"])

@@ -52,6 +52,12 @@ def pad_call(starts, tokens, last, min_rows: int, ids: np.ndarray, positions: np
     return PaddedCall(ids, positions, logit_rows, list(last))
 
 
+def decode_width(max_draft: int, role: str) -> int:
+    """Tokens a row of every decode call carries on GPU backends (one shape per model): a verify call's
+    max_draft + 1 for the target, a draft step's 2 for the draft."""
+    return max_draft + 1 if role == "target" else 2
+
+
 def fixed_decode_shape(starts, tokens, last, lo: int, max_batch: int, width: int, pad_start: int):
     """GPU backends, exact by construction: a decode-sized call (T <= width) over slots from 0 grows to all
     max_batch rows, the rows of free slots as dummies written at pad_start (max_seq_len: scratch in every slot),

@@ -30,6 +30,28 @@ def gpu_bundles(workdir, standard_bundles):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_standard_graphs_hold_no_node_the_cuda_provider_would_run_on_the_cpu(gpu_bundles, dtype):
+    """onnxruntime captures CUDA graphs only when every node runs on the CUDA provider. On an H200 two did not:
+    a Concat of Shape(logit_rows) (its inputs CPU tensors) and a Tile of booleans (no CUDA kernel for bool).
+    Neither may come back: no Shape or Size node, no Tile of booleans, and the logits come straight from a MatMul
+    on the transposed head."""
+    import onnx
+
+    for role in ("target", "draft"):
+        model = onnx.shape_inference.infer_shapes(onnx.load(str(gpu_bundles[dtype] / f"{role}.onnx")))
+        types = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.value_info, *model.graph.input)}
+        ops = [n.op_type for n in model.graph.node]
+        assert "Shape" not in ops and "Size" not in ops
+        tiled = [types.get(n.input[0]) for n in model.graph.node if n.op_type == "Tile"]
+        assert tiled and onnx.TensorProto.BOOL not in tiled
+        producer = {out: n for n in model.graph.node for out in n.output}
+        logits = producer["logits"]
+        if logits.op_type == "Cast":                       # half precision: float32 logits by a cast
+            logits = producer[logits.input[0]]
+        assert logits.op_type == "MatMul"
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
 def test_the_cuda_code_path_gives_the_cpu_backends_tokens_in_a_batch(gpu_bundles, dtype):
     """Device buffers bound by pointer, inputs copied in, ids copied out, slots compacted by device copies: a batch
     of rows leaving at different steps gets exactly what the cpu backend gives each row alone."""
@@ -78,13 +100,20 @@ def test_cuda_without_onnxruntime_gpu_is_a_one_line_error(gpu_bundles, capsys):
 
 def test_both_onnxruntime_packages_installed_is_detected(monkeypatch):
     class Dist:
-        def __init__(self, name):
-            self.metadata = {"Name": name}
+        def __init__(self, name, folder="/site"):
+            self.metadata, self.folder = {"Name": name}, folder
+
+        def locate_file(self, _):
+            return self.folder
 
     monkeypatch.setattr("importlib.metadata.distributions",
                         lambda: [Dist("onnxruntime"), Dist("onnxruntime_gpu"), Dist("numpy")])
     assert "pip uninstall -y onnxruntime onnxruntime-gpu" in cuda_backend.install_problem()
     monkeypatch.setattr("importlib.metadata.distributions", lambda: [Dist("onnxruntime")])
+    assert cuda_backend.install_problem() is None
+    # in separate folders (a --target install ahead on PYTHONPATH) neither overwrites the other
+    monkeypatch.setattr("importlib.metadata.distributions",
+                        lambda: [Dist("onnxruntime", "/usr/lib/site"), Dist("onnxruntime-gpu", "/tmp/site")])
     assert cuda_backend.install_problem() is None
 
 

@@ -25,7 +25,10 @@ shares with past_key.{i}); a query at position p attends to slots j <= p of all 
 product per kv head over R*T query rows (R = max(group size, 2): MLAS takes another accumulation path for
 a single row, so a lone token's row equals its row in a longer call). Runs any batch size (max_batch
 null); S = max_seq_len + max_draft + 2 (rows right-padded to a common length, and dummy rows written at a
-row's committed length, land beyond max_seq_len).
+row's committed length, land beyond max_seq_len). Every node runs on onnxruntime's CUDA provider, none on
+the CPU (the condition for CUDA graphs): no Shape-derived reshapes (the unquantized table and LM head are
+stored transposed, [E, V], so the head is a MatMul straight to [B, n, V] and the embedding a Gather on axis 1),
+and no Tile of booleans (the CUDA provider has none: the positions are tiled before the comparison).
 
 "gqa" (static-kv-gqa-v3): com.microsoft GroupQueryAttention (and RotaryEmbedding), in place too; attention
 reads only the valid length. Its rows are bitwise independent of the row count only from two rows on, so
@@ -74,6 +77,7 @@ class StepGraph:
         self.quantize_embedding = quantize_embedding and quantization is not None
         self.embedding_bytes = 0
         self.gqa = attention == "gqa"
+        self.transposed_head = not self.gqa            # [E, V] table and head: see the module docstring
         self.quantized: dict[str, tuple] = {}          # module name -> (codes, scales, zero points, K), for the check
         # standard attention runs as one matrix product per kv head with R*T query rows. MLAS takes a different
         # accumulation path for a single row, so R >= 2 keeps verify rows bitwise equal to single steps:
@@ -113,9 +117,9 @@ class StepGraph:
         """standard: slot j is visible to a query at position p iff j <= p -> [B, 1, R*T, S] (rows as q's)."""
         b, pos = self.b, self.positions
         slots = b.const(np.arange(self.kv_slots).reshape(1, 1, -1), hint="slots")        # [1, 1, S]
-        visible = b.op("LessOrEqual", slots, b.op("Unsqueeze", pos, b.const([2])))      # [B, T, S]
-        visible = b.op("Unsqueeze", visible, b.const([1]))                                # [B, 1, T, S]
-        return b.op("Tile", visible, b.const([1, 1, self.query_rows, 1]))                 # [B, 1, R*T, S]
+        rows = b.op("Tile", pos, b.const([1, self.query_rows]))                           # [B, R*T]: row g*T + t
+        visible = b.op("LessOrEqual", slots, b.op("Unsqueeze", rows, b.const([2])))     # [B, R*T, S]
+        return b.op("Unsqueeze", visible, b.const([1]))                                   # [B, 1, R*T, S]
 
     def _extra_row(self) -> None:
         """GroupQueryAttention sees T + 1 rows: its rows are bitwise independent of the row count only from
@@ -181,8 +185,12 @@ class StepGraph:
         b = self.b
         module = name.removesuffix(".weight")
         if not self.quantize_embedding:
-            table = b.weight(name, rows)
             self.embedding_bytes = rows.nbytes
+            if self.transposed_head:
+                table = b.weight(name, rows.T)                                            # [E, V]
+                columns = b.op("Gather", table, ids, axis=1)                              # [E, B, T]
+                return b.op("Transpose", columns, perm=[1, 2, 0]), table
+            table = b.weight(name, rows)
             return b.op("Gather", table, ids), table
         q = self.quantization
         codes, scales, zero_points = self._quantized(module, rows)
@@ -317,6 +325,9 @@ class StepGraph:
         named = None if half else "logits"
         if self.quantization is not None:
             logits = self._matmul_nbits(rows, "lm_head", head, out=named)                 # [B, n, V]
+        elif self.transposed_head:
+            head_name = tied_embedding or b.weight("lm_head.weight", head.T)                  # [E, V]
+            logits = b.op("MatMul", rows, head_name, out_names=[named])                       # [B, n, V]
         else:
             head_name = tied_embedding or b.weight("lm_head.weight", head)
             flat = b.op("Reshape", rows, b.const([-1, self.spec.hidden_size]))

@@ -44,15 +44,26 @@ def install_problem() -> str | None:
     answers is whichever was installed last: -> the one-line fix, or None."""
     from importlib import metadata
 
-    names = set()
+    folders: dict[str, set] = {}                     # only two in one folder overwrite each other
     for dist in metadata.distributions():
         name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-        if name.startswith("onnxruntime") and name in ("onnxruntime", "onnxruntime-gpu"):
-            names.add(name)
-    if names == {"onnxruntime", "onnxruntime-gpu"}:
+        if name in ("onnxruntime", "onnxruntime-gpu"):
+            folders.setdefault(str(dist.locate_file("")), set()).add(name)
+    if any(names == {"onnxruntime", "onnxruntime-gpu"} for names in folders.values()):
         return ("onnxruntime and onnxruntime-gpu are both installed and overwrite each other; fix: pip uninstall -y "
-                "onnxruntime onnxruntime-gpu && pip install 'onnxruntime-gpu>=1.32,<1.33'")
+                "onnxruntime onnxruntime-gpu && pip install 'onnxruntime-gpu>=1.31.1,<1.33'")
     return None
+
+
+def preload_cuda_libraries(ort) -> None:
+    """CUDA and cuDNN from the nvidia-* wheels are on no loader path: onnxruntime-gpu (1.21+) loads them on
+    request. Without it the CUDA provider fails to load and onnxruntime would fall back to the CPU."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        try:
+            preload()
+        except Exception:  # noqa: BLE001 - libraries on the system path serve as well; the session check below tells
+            pass
 
 
 class CudaBackend(ModelBackend):
@@ -70,6 +81,7 @@ class CudaBackend(ModelBackend):
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             raise RuntimeError(f"onnxruntime {ort.__version__} has no CUDA execution provider (the CPU build is "
                                "installed); pip uninstall -y onnxruntime && pip install 'specedge[cuda]'")
+        preload_cuda_libraries(ort)
 
     def __init__(self, path: Path, entry: dict, max_seq_len: int, max_batch: int = 1, threads: int | None = None,
                  max_step: int = 64, device_id: int = 0, cuda_graphs: bool = True, width: int = 0,
@@ -133,16 +145,25 @@ class CudaBackend(ModelBackend):
         if self.device == "cpu":
             providers = ["CPUExecutionProvider"]
         else:
-            providers = [("CUDAExecutionProvider", {"device_id": str(self.device_id),
+            # use_tf32 off: a float32 bundle multiplies in float32, as it does on the CPU (onnxruntime's default
+            # rounds float32 matmul inputs to TF32's 10-bit mantissa on Ampere and later)
+            providers = [("CUDAExecutionProvider", {"device_id": str(self.device_id), "use_tf32": "0",
                                                     "enable_cuda_graph": "1" if cuda_graphs else "0"})]
+        # onnxruntime fuses the float32 RMSNorm of a bfloat16 graph into a SimplifiedLayerNormalization whose
+        # mixed types its CUDA kernel lacks (1.31: float, float16 and bfloat16 only alike): keep it unfused there
+        disabled = ["SimplifiedLayerNormFusion"] if self.dtype == "bfloat16" else []
         try:
-            return ort.InferenceSession(str(path), options, providers=providers), cuda_graphs, None
+            session = ort.InferenceSession(str(path), options, providers=providers, disabled_optimizers=disabled)
         except Exception as err:  # onnxruntime raises its own untyped errors
             first = str(err).splitlines()[0]
             if cuda_graphs and "graph" in first.lower():
                 session, _, _ = self._session(path, False, profile)
                 return session, False, first
             raise BundleError(f"{path}: cannot load model on {self.device} ({first})") from err
+        if providers[0] != "CPUExecutionProvider" and session.get_providers()[0] != "CUDAExecutionProvider":
+            raise RuntimeError(f"onnxruntime could not start its CUDA provider (CUDA {self.device_id}), and would run "
+                               "on the CPU instead; its log says why (often: CUDA 13 or cuDNN 9 libraries missing)")
+        return session, cuda_graphs, None
 
     def _alloc(self, shape, element_type):
         return self._ort.OrtValue.ortvalue_from_shape_and_type(shape, element_type, self.device, self.device_id)

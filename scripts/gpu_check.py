@@ -18,7 +18,7 @@ Stages
               calls    per-call costs (draft step, verify at T = 1 .. max_draft + 1 unpadded and at the fixed width,
                        prefill chunk) with CUDA graphs on and off, and the speedup they predict with the real pair's
                        per-position acceptance as measured on the CPU (--acceptance; it does not depend on the backend)
-              runs     generate tok/s at B = 1: target-only at T = 1 (the fastest plain configuration) and at the
+              runs     generate tok/s at B = 1: target-only at width 2 (the narrowest one-shape decode) and at the
                        fixed width, fixed:4, adaptive; host share of a step; greedy output identical to target-only
               kernels  CUDA kernels per decode call and their summed time against the call's wall time
               batch    aggregate tok/s at B = 1, 4, 8 under max_batch 8, target / fixed:4 / adaptive
@@ -380,7 +380,8 @@ def timing_runs(bundle: Path, device: str) -> dict:
     adaptive at the runtime's fixed widths; host time outside the provider per step."""
     from specedge.runtime import load
     runs = {}
-    for label, policy, width in (("target_t1", "target", 1), ("target", "target", None), ("fixed:4", "fixed:4", None),
+    # target_t1: width 2, the narrowest one-shape decode (a lone token may run as two rows: min_rows)
+    for label, policy, width in (("target_t1", "target", 2), ("target", "target", None), ("fixed:4", "fixed:4", None),
                                  ("adaptive", "adaptive", None)):
         gen = load(bundle, backend="cuda", backend_options=_options(device, **({"width": width} if width else {})))
         gen.generate(PROMPTS[0], max_new_tokens=8, ignore_eos=True, policy=policy)

@@ -54,8 +54,10 @@ def pad_call(starts, tokens, last, min_rows: int, ids: np.ndarray, positions: np
 
 def decode_width(max_draft: int, role: str) -> int:
     """Tokens a row of every decode call carries on GPU backends (one shape per model): a verify call's
-    max_draft + 1 for the target, a draft step's 2 for the draft."""
-    return max_draft + 1 if role == "target" else 2
+    max_draft + 1 for the target, a draft step's 2 for the draft; never under 2, since a lone token may run as two
+    rows (min_rows), and a call wider than the width leaves the one shape (and its CUDA graph: on an H200 a
+    target-only run at width 1 with two-row steps ran uncaptured, at half the speed)."""
+    return max(max_draft + 1, 2) if role == "target" else 2
 
 
 def fixed_decode_shape(starts, tokens, last, lo: int, max_batch: int, width: int, pad_start: int):

@@ -375,40 +375,80 @@ def _serve_extra(err: ImportError) -> SpecedgeError:
               help="Largest request body (413 beyond it).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--ray", "use_ray", is_flag=True,
+              help="Deploy on Ray Serve (the 'ray' extra): --replicas engines behind one route (docs/serve.md).")
+@click.option("--replicas", default=1, show_default=True, type=POSITIVE,
+              help="With --ray: replicas, each with its own batched engine (--max-batch slots).")
+@click.option("--autoscale", default=None, metavar="MIN:MAX",
+              help="With --ray: let Ray Serve scale between MIN and MAX replicas (instead of --replicas).")
+@click.option("--target-ongoing-requests", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="With --autoscale: requests in flight per replica that Ray Serve aims at [default: --max-batch].")
+@click.option("--replica-cpus", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="With --ray: CPUs Ray reserves per replica (placement only) [default: --threads, else 1].")
+@click.option("--ray-address", default=None,
+              help="With --ray: a running Ray cluster ('auto', or ray://HEAD:10001) [default: RAY_ADDRESS, else a Ray "
+                   "started for this run on this machine].")
 @threads_option
 @backend_option
 @gpu_options
 @target_rows_option
 def serve(bundle, host, port, max_batch, max_queue, api_key, served_model_name, policy, drafter, request_timeout,
-          drain_timeout, max_body_bytes, log_level, threads, backend, device_id, cuda_graphs, target_rows):
+          drain_timeout, max_body_bytes, log_level, use_ray, replicas, autoscale, target_ongoing_requests, replica_cpus,
+          ray_address, threads, backend, device_id, cuda_graphs, target_rows):
     """Serve a bundle over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /metrics)."""
     import logging
 
     try:
-        from specedge.serve.protocol import Limits
+        from specedge.serve.engine import EngineConfig, load_engine
         from specedge.serve.server import serve_forever
     except ImportError as err:
         raise _serve_extra(err) from err
-    from specedge.runtime import load
-    from specedge.runtime.manifest import read_manifest
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    manifest = read_manifest(bundle)
-    if max_batch is None:
-        max_batch = 8 if manifest["models"]["target"].get("max_batch") is None else 1
-    gen = load(bundle, backend=backend, threads=threads, target_rows=_rows(target_rows), max_batch=max_batch,
-               max_queue=max_queue, background=True, device_id=device_id, cuda_graphs=cuda_graphs)
+    config = EngineConfig(bundle=bundle, max_batch=max_batch, max_queue=max_queue, served_model_name=served_model_name,
+                          policy=policy, drafter=drafter, request_timeout=request_timeout, threads=threads,
+                          backend=backend, device_id=device_id, cuda_graphs=cuda_graphs, target_rows=_rows(target_rows))
+    if use_ray:
+        _serve_on_ray(config, host, port, api_key, drain_timeout, max_body_bytes, log_level, replicas, autoscale,
+                      target_ongoing_requests, replica_cpus, ray_address)
+        return
+    ray_only = {"--replicas": replicas != 1, "--autoscale": autoscale, "--ray-address": ray_address,
+                "--target-ongoing-requests": target_ongoing_requests, "--replica-cpus": replica_cpus}
+    given = [name for name, value in ray_only.items() if value]
+    if given:
+        raise OptionError(f"{', '.join(given)} only apply with --ray")
+    gen, limits = load_engine(config)
     if gen.backend_choice:
         click.echo(gen.backend_choice, err=True)
-    if policy is None:
-        policy = "adaptive" if gen.draft is not None or drafter == "ngram" else "target"
-    policy = "target" if policy == "off" else policy
-    gen.options(policy=policy, drafter=drafter)                     # a bad default is a one-line error now
-    limits = Limits(model=served_model_name or Path(bundle).resolve().name, policy=policy, drafter=drafter,
-                    request_timeout=request_timeout)
     serve_forever(gen, limits, host=host, port=port, api_key=api_key, drain_timeout=drain_timeout,
                   max_body_bytes=max_body_bytes)
+
+
+def _serve_on_ray(config, host, port, api_key, drain_timeout, max_body_bytes, log_level, replicas, autoscale,
+                  target_ongoing_requests, replica_cpus, ray_address) -> None:
+    bounds = None
+    if autoscale is not None and replicas != 1:
+        raise OptionError("give --replicas N (fixed) or --autoscale MIN:MAX, not both")
+    if autoscale is not None:
+        low, sep, high = autoscale.partition(":")
+        if not (sep and low.isdigit() and high.isdigit() and int(high) >= max(int(low), 1)):
+            raise OptionError(f"--autoscale takes MIN:MAX replicas, 0 <= MIN <= MAX, MAX >= 1; got '{autoscale}'")
+        bounds = (int(low), int(high))
+    elif target_ongoing_requests is not None:
+        raise OptionError("--target-ongoing-requests only applies with --autoscale")
+    try:
+        from specedge.serve import ray_app
+    except ImportError as err:
+        raise SpecedgeError(f"--ray needs the 'ray' extra (missing {err.name}): pip install 'specedge[ray]'") from err
+    from specedge.serve.server import is_loopback
+
+    if not is_loopback(host) and not api_key:
+        click.echo(f"specedge: warning: Ray Serve listens on {host} without --api-key: anyone who can reach this "
+                   "port can use the server", err=True)
+    app = ray_app.application(config, replicas, bounds, target_ongoing_requests, api_key, max_body_bytes,
+                              drain_timeout, log_level, replica_cpus)
+    ray_app.run(app, address=ray_address, host=host, port=port)
 
 
 @cli.command("bench-serve")

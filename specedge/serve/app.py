@@ -16,7 +16,9 @@ import time
 
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -50,10 +52,11 @@ class Service:
     """What the routes share: the generator, its bridge (made on the event loop at startup), metrics, analytics."""
 
     def __init__(self, gen, limits: Limits, api_key: str | None = None,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, replica: str | None = None):
         if not gen.scheduler.background:
             raise ValueError("serve needs a generator loaded with background=True")
         self.gen, self.limits, self.api_key, self.max_body_bytes = gen, limits, api_key, max_body_bytes
+        self.replica = replica                      # set when several replicas share one route (Ray Serve)
         self.metrics = Metrics(gen.scheduler)
         self.rejections = RejectionLog(gen.decode, _special_ids(gen))
         self.bridge: Bridge | None = None
@@ -282,9 +285,11 @@ class Service:
 
     async def health(self, request: Request, started: float) -> Response:
         sched = self.gen.scheduler
-        return JSONResponse({"status": "ok", "model": self.limits.model, "running": len(sched.running),
-                             "waiting": len(sched.waiting), "max_batch": sched.max_batch,
-                             "max_queue": sched.max_queue})
+        state = {"status": "ok", "model": self.limits.model, "running": len(sched.running),
+                 "waiting": len(sched.waiting), "max_batch": sched.max_batch, "max_queue": sched.max_queue}
+        if self.replica is not None:
+            state["replica"] = self.replica
+        return JSONResponse(state)
 
     async def prometheus(self, request: Request, started: float) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
@@ -314,10 +319,30 @@ async def _disconnected(request: Request) -> None:
             return
 
 
+class ReplicaHeader:
+    """ASGI middleware: every response names the replica that made it (X-Specedge-Replica), so that a client
+    behind a load balancer can tell which engine answered (and which /metrics to read)."""
+
+    def __init__(self, app, replica: str):
+        self.app, self.replica = app, replica
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def tagged(message):
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message).append("X-Specedge-Replica", self.replica)
+            await send(message)
+
+        await self.app(scope, receive, tagged)
+
+
 def create_app(gen, limits: Limits, api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
-    """The ASGI app for a generator loaded with background=True."""
-    service = Service(gen, limits, api_key, max_body_bytes)
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, replica: str | None = None) -> Starlette:
+    """The ASGI app for a generator loaded with background=True. replica: a name for this engine among several
+    behind one route (Ray Serve), sent as the X-Specedge-Replica header and in /health."""
+    service = Service(gen, limits, api_key, max_body_bytes, replica)
 
     async def completions(request, started):
         return await service.generate(request, started, "completion")
@@ -339,6 +364,8 @@ def create_app(gen, limits: Limits, api_key: str | None = None,
         Route("/health", service.route(service.health, auth=False), methods=["GET"]),
         Route("/metrics", service.route(service.prometheus, auth=False), methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=service.lifespan, exception_handlers={HTTPException: not_found})
+    middleware = [Middleware(ReplicaHeader, replica=replica)] if replica is not None else []
+    app = Starlette(routes=routes, lifespan=service.lifespan, exception_handlers={HTTPException: not_found},
+                    middleware=middleware)
     app.state.service = service
     return app

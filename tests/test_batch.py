@@ -274,18 +274,40 @@ def _joined_while_off(gen, prompt, max_new_tokens):
 
 def test_while_speculation_is_off_the_draft_is_not_fed_and_catches_up_a_chunk_a_step(batch_bundles):
     """A request that joins while the shared adaptive policy is off prefills the target only; once speculation is
-    on again, its draft catches up at most one chunk per step (no other row stalls longer), and the output is
-    still the target's own."""
+    on again, beside another row its draft catches up at most one chunk per step (that row stalls no longer), and
+    the output is still the target's own."""
     gen = load(batch_bundles["qwen2"], max_batch=2)
-    prompt = "y" * 100 + " = 2\n"                                     # two chunks of catch-up
+    prompt = "y" * 100 + " = 2\n"                                    # two chunks of catch-up
+    expected = gen.generate(prompt, max_new_tokens=140, ignore_eos=True, policy="target").tokens
+    gen.generate(PROMPTS[0], max_new_tokens=4, ignore_eos=True, policy="adaptive")   # creates the shared policy
+    policy = gen.shared_policy("adaptive")
+    policy.off, policy.since_probe, policy.probe_gap, policy.last_batch = True, 0, 10**6, 2
+    with gen.scheduler.wake:
+        other = gen.stream(PROMPTS[1], max_new_tokens=200, ignore_eos=True, policy="target")
+        stream = gen.stream(prompt, max_new_tokens=140, ignore_eos=True, policy="adaptive")
+    next(iter(stream))                                                 # both prefilled, first token committed
+    assert stream._seq.dft_pos == 0                                    # the draft was not fed the prompt
+    policy.off = False
+    policy.next_k = lambda max_k, batch=1: min(3, max_k)
+    events_before = len(gen.events)
+    assert stream.wait().tokens == expected
+    other.wait()
+    catching = [e for e in gen.events[events_before:] if e.catch_up_s > 0]
+    assert len(catching) == 2                                          # 106 tokens behind: a chunk of 64, then the rest
+    assert catching[0].batch == 2 and catching[0].draft_calls == 0    # still behind after one chunk: sits out
+    assert any(max(e.k) for e in gen.events[events_before:])          # and then it drafted
+
+
+def test_a_lone_row_catches_up_all_at_once_and_drafts_in_the_same_step(batch_bundles):
+    """Alone, no other row waits on a catch-up: the draft takes every missing chunk in one step and drafts."""
+    gen = load(batch_bundles["qwen2"], max_batch=2)
+    prompt = "y" * 100 + " = 2\n"
     expected = gen.generate(prompt, max_new_tokens=140, ignore_eos=True, policy="target").tokens
     stream = _joined_while_off(gen, prompt, 140)
     events_before = len(gen.events)
     assert stream.wait().tokens == expected
     catching = [e for e in gen.events[events_before:] if e.catch_up_s > 0]
-    assert len(catching) == 2                                          # 106 tokens behind: a chunk of 64, then the rest
-    assert max(catching[0].k) == 0 and catching[0].draft_calls == 0    # still behind after one chunk: sits out
-    assert any(max(e.k) for e in gen.events[events_before:])          # and then it drafted
+    assert len(catching) == 1 and catching[0].catch_up_tokens > 64 and catching[0].draft_calls > 0
 
 
 def test_a_draft_too_far_behind_for_the_tokens_left_does_not_catch_up(batch_bundles):
@@ -298,3 +320,21 @@ def test_a_draft_too_far_behind_for_the_tokens_left_does_not_catch_up(batch_bund
     events_before = len(gen.events)
     assert stream.wait().tokens == expected
     assert all(e.draft_calls == 0 and max(e.k) == 0 for e in gen.events[events_before:])
+
+
+def test_adaptive_weighs_k_for_every_admitted_sequence_while_some_still_prefill(batch_bundles):
+    """A batch ramps up: rows decode while others still prefill, chunk by chunk. The shared policy weighs k for
+    the whole admitted load, not the few rows already decoding (which turned speculation on, and a catch-up for
+    each row, at every ramp-up of a batch too large for it to pay)."""
+    gen = load(batch_bundles["qwen2"], max_batch=3)
+    gen.generate(PROMPTS[0], max_new_tokens=4, ignore_eos=True, policy="adaptive")   # creates the shared policy
+    policy = gen.shared_policy("adaptive")
+    asked = []
+    weigh = policy.next_k
+    policy.next_k = lambda max_k, batch=1: asked.append(batch) or weigh(max_k, batch=batch)
+    events_before = len(gen.events)
+    long_prompts = ["x" * 150 + " = 1\n", "y" * 150 + " = 2\n", "z" * 150 + " = 3\n"]
+    together(gen, [(p, dict(max_new_tokens=12, ignore_eos=True, policy="adaptive")) for p in long_prompts])
+    ramp = [e for e in gen.events[events_before:] if e.batch < 3]
+    assert ramp and ramp[0] is gen.events[events_before]             # the first steps ran before all had prefilled
+    assert asked[0] == 3                                               # ... and were weighed for all three

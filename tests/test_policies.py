@@ -207,3 +207,32 @@ def test_one_measured_size_extrapolates_halfway_between_free_and_proportional():
     curve = CostCurve()
     curve.observe(2, 0.1)
     assert curve(4) == pytest.approx(0.1 * (1 + SINGLE_POINT_GROWTH)) and 0.1 < curve(4) < 0.2
+
+
+def test_adaptive_tells_whether_a_batch_size_would_speculate_without_changing_its_state():
+    """A sequence joining a batch feeds its prompt to the draft only if the policy would speculate at that batch
+    size: known sizes are weighed as next_k weighs them, a size not yet measured speculates only alone, and asking
+    changes nothing (no probe counted, no step, no batch size remembered)."""
+    fresh = AdaptivePolicy(max_draft=8, probe_every=16)
+    assert fresh.speculates_at(1) and not fresh.speculates_at(4)
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    _drive_batch(policy, 1, 60)
+    _drive_batch(policy, 8, 80)
+    _drive_batch(policy, 1, 30)
+    state = (policy.steps, policy.since_probe, policy.probing, policy.last_batch, policy.off, policy.probe_gap)
+    assert policy.speculates_at(1) and not policy.speculates_at(8) and not policy.speculates_at(5)
+    assert (policy.steps, policy.since_probe, policy.probing, policy.last_batch, policy.off,
+            policy.probe_gap) == state
+
+
+def test_adaptive_catches_a_draft_up_only_when_the_tokens_left_repay_it():
+    """Catching up costs its measured seconds per token; speculating saves 1/plain_rate - 1/rate a token over the
+    tokens left. Before a catch-up has been measured the rule is the plain one: no more behind than left."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    _drive_batch(policy, 1, 60)
+    assert policy.catch_up_pays(100, 100) and not policy.catch_up_pays(100, 99)
+    policy.observe_catch_up(64, 0.064)                                 # 1 ms a token
+    saved = 1 / policy.plain_rate - 1 / policy.rate
+    assert saved > 0
+    needed = 100 * 0.001 / saved                                       # tokens left that repay 100 behind
+    assert policy.catch_up_pays(100, int(needed) + 1) and not policy.catch_up_pays(100, int(needed) - 1)

@@ -40,6 +40,7 @@ class StepRecord:
     draft_rows: int = 0             # rows in the widest draft call (live rows and the dummies before them)
     draft_s: float = 0.0            # wall time of the draft phase (calls + host work), catch-up included
     catch_up_s: float = 0.0         # ... of which feeding drafts that fell behind (not a cost of drafting k)
+    catch_up_tokens: int = 0        # ... and how many tokens that fed
     verify_s: float = 0.0           # wall time of the verify phase (call + acceptance + commit bookkeeping)
     model_s: float = 0.0            # time inside backend calls
     verify_tokens: int = 0          # B x T of the verify call
@@ -56,8 +57,8 @@ def _timed(fn, *args, **kwargs):
 def catch_up(m: Models, s: Sequence) -> float:
     """A draft more than two tokens behind (skipped steps, or a prompt it was not fed while speculation was off)
     is fed alone, all but the last missing token, so that the shared draft calls stay short (T <= 2) and within
-    every row's headroom; at most one chunk a step, so that no other row stalls longer than one chunk (a row
-    still behind sits this step's drafting out). -> seconds in calls."""
+    every row's headroom; one chunk a call, and with other rows in the step one chunk a step, so that no other
+    row stalls longer than one chunk (a row still behind sits this step's drafting out). -> seconds in calls."""
     chunk = s.tokens[s.dft_pos:-1][: m.draft.max_step]
     if not chunk:
         return 0.0
@@ -72,15 +73,21 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
     drafts = {id(s): lookup_for(s.drafter, s.tokens, s.k) if s.k else [] for s in rows}
     q_rows = {id(s): [] for s in rows}
     live = [s for s in rows if s.k and s.uses_draft_model and not drafts[id(s)]]
-    # a draft far behind (it was not fed while speculation was off) catches up only if the row still has at least as
-    # many tokens to go as the draft lacks: catching up costs about a prefill of what it lacks, which a few
-    # speculative steps at the end of a request do not earn back
-    live = [s for s in live if len(s.tokens) - s.dft_pos <= s.opts.max_new_tokens - s.n_new]
+    # a draft far behind (it was not fed while speculation was off) catches up only if the row's remaining tokens
+    # earn it back (Policy.catch_up_pays): catching up costs about a prefill of what it lacks, which a few
+    # speculative steps at the end of a request may not repay
+    live = [s for s in live if len(s.tokens) - s.dft_pos <= 2
+            or s.policy.catch_up_pays(len(s.tokens) - s.dft_pos, s.opts.max_new_tokens - s.n_new)]
+    alone = len(rows) == 1                     # no other row to stall: catch up all at once, and draft this step
     for s in live:
-        if len(s.tokens) - s.dft_pos > 2:
+        while len(s.tokens) - s.dft_pos > 2:
+            before = s.dft_pos
             seconds = catch_up(m, s)
             record.model_s += seconds
             record.catch_up_s += seconds
+            record.catch_up_tokens += s.dft_pos - before
+            if not alone:
+                break
     live = [s for s in live if len(s.tokens) - s.dft_pos <= 2]
     confidences = {id(s): [] for s in live}
     calls = {id(s): 0 for s in live}           # draft-model calls each row took part in

@@ -46,6 +46,18 @@ class Policy:
     def observe_confidences(self, confidences: list[float], n_accepted: int) -> None:
         pass
 
+    def speculates_at(self, batch: int) -> bool:
+        """Whether this policy would draft in a batch of this size now (a query, no side effects): a sequence
+        joining such a batch feeds its prompt to the draft only then."""
+        return not self.off
+
+    def catch_up_pays(self, behind: int, remaining: int) -> bool:
+        """Whether feeding a draft the `behind` tokens it missed pays for a row with `remaining` tokens to go."""
+        return behind <= remaining
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        pass
+
 
 class FixedPolicy(Policy):
     def __init__(self, k: int):
@@ -224,6 +236,8 @@ class AdaptivePolicy(Policy):
         self.probe_gap, self.max_probe_gap = probe_every, max_probe_gap * probe_every
         self.off, self.probing = False, False
         self.last_batch = 1
+        self.plain_rate = None                    # tokens/s of one row at k = 0 and at the chosen k, last weighed
+        self.catch_up_s_per_token = None          # what feeding a draft that fell behind costs, measured
 
     def acceptance(self) -> list[float]:
         rates, last = [], None
@@ -267,18 +281,9 @@ class AdaptivePolicy(Policy):
             # the plain step at this batch size is the baseline every k is weighed against: measure it rather than
             # extrapolate it (a line through the verify sizes tried so far said it cost about what k = 4 cost)
             return 0
-        expected, run, rate = 1.0, 1.0, []                       # E(k), built up position by position
-        for k, a in zip(range(max_k + 1), [None] + self.acceptance()):
-            if k:
-                run *= a
-                expected += run
-            rate.append(batch * expected / costs[k] if costs[k] else -math.inf)
-        self.rate = max(rate) / batch
-        positive = max(rate[1:], default=-math.inf)
-        if positive > (1 + self.tie) * rate[0]:           # k > 0 must beat the plain step by more than a tie
-            best = max(k for k in range(1, max_k + 1) if rate[k] >= (1 - self.tie) * positive)
-        else:
-            best = 0
+        rate = self._rates(costs, batch)
+        self.rate, self.plain_rate = max(rate) / batch, rate[0] / batch
+        best = self._best(rate)
         self.off = best == 0
         if best == 0:
             if probed:                    # a probe that did not turn speculation on: wait twice as long (up to 4x)
@@ -290,6 +295,46 @@ class AdaptivePolicy(Policy):
             self.explore_up = not self.explore_up
             return min(best + 1, max_k) if self.explore_up else max(best - 1, 1)
         return best
+
+    def _rates(self, costs: list[float], batch: int) -> list[float]:
+        """Committed tokens/s of the batch at each k."""
+        expected, run, rate = 1.0, 1.0, []                       # E(k), built up position by position
+        for k, a in zip(range(len(costs)), [None] + self.acceptance()):
+            if k:
+                run *= a
+                expected += run
+            rate.append(batch * expected / costs[k] if costs[k] else -math.inf)
+        return rate
+
+    def _best(self, rate: list[float]) -> int:
+        positive = max(rate[1:], default=-math.inf)
+        if positive > (1 + self.tie) * rate[0]:           # k > 0 must beat the plain step by more than a tie
+            return max(k for k in range(1, len(rate)) if rate[k] >= (1 - self.tie) * positive)
+        return 0
+
+    def speculates_at(self, batch: int) -> bool:
+        """The weighing of next_k at this batch size, without its side effects. Unweighed sizes: only a lone
+        sequence speculates from the start (it will measure); a batch measures its plain step first anyway, so a
+        joining prompt goes to the draft only once speculation has won at that size (else it catches up then)."""
+        if batch == self.last_batch:
+            return not self.off
+        costs = [self.step_cost(k, batch) for k in range(self.max_draft + 1)]
+        if any(c is None for c in costs) or not self.costs.measured(batch, 1):
+            return batch == 1
+        return self._best(self._rates(costs, batch)) > 0
+
+    def catch_up_pays(self, behind: int, remaining: int) -> bool:
+        """Feeding `behind` tokens costs about a draft prefill of them; speculating over the `remaining` tokens
+        saves 1/plain_rate - 1/rate seconds a token. Until a catch-up has been measured, and for a probe (off,
+        nothing is expected to be saved: the probe is what finds out): behind <= remaining."""
+        if self.catch_up_s_per_token is None or not self.plain_rate or not self.rate or self.rate <= self.plain_rate:
+            return behind <= remaining
+        saved = 1.0 / self.plain_rate - 1.0 / self.rate
+        return remaining * saved >= behind * self.catch_up_s_per_token
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        if tokens:
+            self.catch_up_s_per_token = _ema(self.catch_up_s_per_token, seconds / tokens, 0.5)
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         n = len(confidences)

@@ -127,9 +127,11 @@ class Scheduler:
         final = s.prefilled + len(chunk) == len(s.prompt_ids)
         t = time.perf_counter()
         out = self.m.target.run([s.prefilled], [chunk], [1], lo=s.slot, want="ids" if s.warp.greedy else "logits")[0]
-        # while a shared policy has speculation off, the draft is not fed: it catches up once speculation is on
-        # again (batch_step.catch_up), and a useless draft then costs nothing per request
-        if s.uses_draft_model and self.m.draft is not None and s.dft_pos == s.prefilled and not s.policy.off:
+        # the draft gets the prompt only if the policy would speculate in the batch this sequence joins: else it
+        # catches up once speculation is on (batch_step.catch_up), and a useless draft, or a batch too large for
+        # speculation to pay, costs nothing per request
+        if (s.uses_draft_model and self.m.draft is not None and s.dft_pos == s.prefilled
+                and s.policy.speculates_at(len(self.running))):
             self.m.draft.run([s.prefilled], [chunk], [0], lo=s.slot, want="ids")
             s.dft_pos = s.prefilled + len(chunk)
         self.counters["prefill_chunks"] += 1
@@ -157,6 +159,7 @@ class Scheduler:
         for policy in policies.values():
             policy.observe_costs(max(record.k), draft_s, record.verify_s, record.verify_tokens,
                                  record.verify_rows, record.draft_rows)
+            policy.observe_catch_up(record.catch_up_tokens, record.catch_up_s)
         for s, k, n in zip(rows, record.k, record.accepted):
             if not s.policy.shared:
                 s.policy.observe_costs(k, draft_s, record.verify_s, record.verify_tokens, len(rows))
@@ -172,12 +175,16 @@ class Scheduler:
         A shared policy's probe (k = 1 while speculation is off) goes to one row only, the one in the lowest
         slot: a probe is for learning, and it should not cost every row a draft call and a catch-up."""
         caps = {id(s): s.k_cap(self.m.max_seq_len, self.m.max_draft) if s.drafter != "none" else 0 for s in rows}
+        # the load is every admitted sequence, those still prefilling too: they join the decode steps within a few
+        # chunks, and weighing k for the few rows already decoding turned speculation on (with a catch-up for each
+        # row) at every ramp-up of a batch too large for it to pay
+        load = max(len(rows), len(self.running))
         shared: dict[int, int] = {}
         for s in rows:
             if s.policy.shared:
                 if id(s.policy) not in shared:
                     cap = max(caps[id(r)] for r in rows if r.policy is s.policy)
-                    shared[id(s.policy)] = s.policy.next_k(cap, batch=len(rows)) if cap else 0
+                    shared[id(s.policy)] = s.policy.next_k(cap, batch=load) if cap else 0
                     if s.policy.probing:
                         probe = next((r for r in rows if r.policy is s.policy and caps[id(r)]), None)
                         shared[id(s.policy)] = (shared[id(s.policy)], probe)

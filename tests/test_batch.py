@@ -300,26 +300,26 @@ def test_while_speculation_is_off_the_draft_is_not_fed_and_catches_up_a_chunk_a_
 
 def test_a_lone_row_catches_up_all_at_once_and_drafts_in_the_same_step(batch_bundles):
     """Alone, no other row waits on a catch-up: the draft takes every missing chunk in one step and drafts."""
+    catching = [e for e in _steps_after_joining_while_off(batch_bundles, 140) if e.catch_up_s > 0]
+    assert len(catching) == 1 and catching[0].catch_up_tokens > 64 and catching[0].draft_calls > 0
+
+
+def _steps_after_joining_while_off(batch_bundles, max_new_tokens: int) -> list:
+    """A lone request of a 106-token prompt joins while adaptive is off, then speculation is on: -> its steps
+    (its output checked against the target's own)."""
     gen = load(batch_bundles["qwen2"], max_batch=2)
     prompt = "y" * 100 + " = 2\n"
-    expected = gen.generate(prompt, max_new_tokens=140, ignore_eos=True, policy="target").tokens
-    stream = _joined_while_off(gen, prompt, 140)
+    expected = gen.generate(prompt, max_new_tokens=max_new_tokens, ignore_eos=True, policy="target").tokens
+    stream = _joined_while_off(gen, prompt, max_new_tokens)
     events_before = len(gen.events)
     assert stream.wait().tokens == expected
-    catching = [e for e in gen.events[events_before:] if e.catch_up_s > 0]
-    assert len(catching) == 1 and catching[0].catch_up_tokens > 64 and catching[0].draft_calls > 0
+    return gen.events[events_before:]
 
 
 def test_a_draft_too_far_behind_for_the_tokens_left_does_not_catch_up(batch_bundles):
     """Catching up costs about a prefill of what the draft lacks: with fewer tokens to go than that, the row
     does not draft at all (and its output is still the target's)."""
-    gen = load(batch_bundles["qwen2"], max_batch=2)
-    prompt = "y" * 100 + " = 2\n"
-    expected = gen.generate(prompt, max_new_tokens=30, ignore_eos=True, policy="target").tokens
-    stream = _joined_while_off(gen, prompt, 30)
-    events_before = len(gen.events)
-    assert stream.wait().tokens == expected
-    assert all(e.draft_calls == 0 and max(e.k) == 0 for e in gen.events[events_before:])
+    assert all(e.draft_calls == 0 and max(e.k) == 0 for e in _steps_after_joining_while_off(batch_bundles, 30))
 
 
 def test_adaptive_weighs_k_for_every_admitted_sequence_while_some_still_prefill(batch_bundles):

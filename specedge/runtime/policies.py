@@ -206,6 +206,9 @@ class AdaptivePolicy(Policy):
     useless draft the probes, and the draft catching up the text for them, were most of what it cost). Off, it
     does not weigh the options again until the probe or a change of batch size (a plain step teaches it
     nothing): a tiny model's step is a fraction of a millisecond, and the weighing itself would show.
+    The batch it weighs is the admitted load (the scheduler counts sequences still prefilling too); a joining
+    sequence feeds its prompt to the draft only where k > 0 would win (speculates_at), and a draft that fell
+    behind catches up only where the tokens left repay it (catch_up_pays, from the measured catch-up cost).
     Near-ties between positive k go to the longer draft (acceptance comes in runs), but k > 0 must beat k = 0
     by more than the tie margin: the forgetting prior keeps a useless draft's acceptance estimate a little above
     zero, and with a cheap draft that alone would otherwise keep k = 1.

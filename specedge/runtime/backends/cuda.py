@@ -161,7 +161,7 @@ class CudaBackend(ModelBackend):
                 return session, False, first
             raise BundleError(f"{path}: cannot load model on {self.device} ({first})") from err
         if providers[0] != "CPUExecutionProvider" and session.get_providers()[0] != "CUDAExecutionProvider":
-            raise RuntimeError(f"onnxruntime could not start its CUDA provider (CUDA {self.device_id}), and would run "
+            raise OptionError(f"onnxruntime could not start its CUDA provider (CUDA {self.device_id}), and would run "
                                "on the CPU instead; its log says why (often: CUDA 13 or cuDNN 9 libraries missing)")
         return session, cuda_graphs, None
 

@@ -111,6 +111,11 @@ def _word_pair(work: Path, dtype: str):
                          progress=None, attention="standard", dtype=dtype)
 
 
+def _options(device: str, **more) -> dict:
+    """Backend options: `device="cpu"` runs the cuda backend's code on the CPU provider (the dry run)."""
+    return {"device": "cpu", **more} if device == "cpu" else dict(more)
+
+
 def _dtypes(device: str) -> list[str]:
     return ["float32", "float16"] + (["bfloat16"] if device == "cuda" else [])
 
@@ -120,7 +125,7 @@ def numerics(work: Path, device: str, backends: list[str]) -> dict:
     torch_device = "cuda" if device == "cuda" and torch.cuda.is_available() else "cpu"
     results = {}
     for backend_name in backends:
-        options = {"device": "cpu"} if device == "cpu" else {}
+        options = _options(device)
         for dtype in _dtypes(device):
             try:
                 results[f"{backend_name}/{dtype}"] = _numerics_row(work, device, backend_name, dtype, options,
@@ -170,7 +175,7 @@ def _numerics_row(work: Path, device: str, backend_name: str, dtype: str, option
 def exactness(work: Path, device: str, backends: list[str]) -> dict:
     results = {}
     for backend in backends:
-        options = {"device": "cpu"} if device == "cpu" else {}
+        options = _options(device)
         for dtype in _dtypes(device):
             try:
                 results[f"{backend}/{dtype}"] = _exactness_row(work, backend, dtype, options)
@@ -290,10 +295,6 @@ def timing_export(work: Path, shapes: str) -> dict:
     start = time.perf_counter()
     bundle = _timing_pair(work, shapes, "float16")
     return {"bundle": str(bundle), "shapes": shapes, "dtype": "float16", "export_s": time.perf_counter() - start}
-
-
-def _options(device: str, **more) -> dict:
-    return {"device": "cpu", **more} if device == "cpu" else dict(more)
 
 
 def timing_calls(bundle: Path, device: str, acceptance: list[float]) -> dict:

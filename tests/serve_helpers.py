@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -77,3 +80,17 @@ def sse_events(lines) -> list:
             payload = line[len("data: "):]
             out.append(payload if payload == "[DONE]" else json.loads(payload))
     return out
+
+
+@contextlib.contextmanager
+def serve_process(args: list[str], log: Path, env: dict | None = None):
+    """`specedge serve ARGS` as its own process (stderr into `log`); killed if the block leaves it running."""
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "specedge.cli", "serve", *args], stdout=subprocess.DEVNULL,
+                                stderr=stderr, env=env or {**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -4,10 +4,7 @@ ports (tiny models, a few tokens each)."""
 import asyncio
 import json
 import logging
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -19,7 +16,8 @@ httpx = pytest.importorskip("httpx")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from serve_helpers import MODEL, health, running, serve_bundle, sse_events, wait_idle  # noqa: E402
+from serve_helpers import MODEL, health, running, serve_bundle, serve_process, sse_events, wait_idle  # noqa: E402
+from specedge.bench.serve import free_port  # noqa: E402
 from specedge.cli import main  # noqa: E402
 
 PROMPT = "def fib(n):"
@@ -405,17 +403,9 @@ def test_bench_serve_writes_results_and_plots(server, tmp_path, capsys):
 
 
 def test_sigterm_stops_the_command_cleanly(bundle, tmp_path):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tmp_path / "serve.log"
-    with open(log, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "specedge.cli", "serve", str(bundle), "--port", str(port),
-                                 "--max-batch", "2", "--threads", "1", "--served-model-name", MODEL],
-                                stdout=subprocess.DEVNULL, stderr=stderr, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
+    port, log = free_port(), tmp_path / "serve.log"
+    with serve_process([str(bundle), "--port", str(port), "--max-batch", "2", "--threads", "1",
+                        "--served-model-name", MODEL], log) as proc:
         url = f"http://127.0.0.1:{port}"
         for _ in range(600):
             try:
@@ -428,10 +418,6 @@ def test_sigterm_stops_the_command_cleanly(bundle, tmp_path):
         assert out.usage.completion_tokens <= 4
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     text = log.read_text()
     assert "POST /v1/completions 200" in text and "stopped" in text and "Traceback" not in text
 

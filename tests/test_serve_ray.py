@@ -6,8 +6,6 @@ on a 2-core machine (Ray, its Serve controller and proxy, two replicas: serving 
 import concurrent.futures
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 
@@ -17,7 +15,8 @@ pytest.importorskip("starlette")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from serve_helpers import MODEL, serve_bundle  # noqa: E402
+from serve_helpers import MODEL, serve_bundle, serve_process  # noqa: E402
+from specedge.bench.serve import free_port  # noqa: E402
 from specedge.cli import main  # noqa: E402
 
 # Ray Serve's own config models use a pydantic form deprecated in pydantic 2 (not ours to fix)
@@ -37,12 +36,6 @@ def _ray_serve():
 @pytest.fixture(scope="module")
 def bundle(workdir):
     return serve_bundle(workdir)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_serving(base: str, proc, log) -> None:
@@ -66,17 +59,14 @@ def test_two_replicas_behind_one_route(bundle, tmp_path):
     _ray_serve()
     from specedge.runtime import load
 
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "serve-ray.log"
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}    # never a real cluster
     env.update(PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0")
     started = time.monotonic()
-    with open(log, "w") as stderr:
-        # --replica-cpus 0.5: both replicas fit in Ray's count of this machine's CPUs even on one core
-        proc = subprocess.Popen([sys.executable, "-m", "specedge.cli", "serve", str(bundle), "--ray", "--replicas", "2",
-                                 "--port", str(port), "--max-batch", "2", "--threads", "1", "--replica-cpus", "0.5",
-                                 "--served-model-name", MODEL], stdout=subprocess.DEVNULL, stderr=stderr, env=env)
-    try:
+    # --replica-cpus 0.5: both replicas fit in Ray's count of this machine's CPUs even on one core
+    with serve_process([str(bundle), "--ray", "--replicas", "2", "--port", str(port), "--max-batch", "2",
+                        "--threads", "1", "--replica-cpus", "0.5", "--served-model-name", MODEL], log, env) as proc:
         base = f"http://127.0.0.1:{port}"
         _wait_serving(base, proc, log)
         ready_s = time.monotonic() - started
@@ -120,10 +110,6 @@ def test_two_replicas_behind_one_route(bundle, tmp_path):
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     total_s = time.monotonic() - started
     text = log.read_text()
     assert "stopping: requests in flight" in text and text.rstrip().endswith("stopped"), text[-3000:]

@@ -170,7 +170,8 @@ def run_bench_serve(url: str, prompts: list[dict], policies=DEFAULT_POLICIES, le
                         "python": platform.python_version()}}
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the OS picks it)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -185,7 +186,7 @@ def served(bundle: str, max_batch: int, threads: int | None = None, extra_args=(
 
     import httpx
 
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "specedge.cli", "serve", str(bundle), "--port", str(port), "--max-batch",
            str(max_batch), "--max-queue", "256", *(["--threads", str(threads)] if threads else []), *extra_args]
     log = open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")

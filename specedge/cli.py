@@ -471,10 +471,12 @@ def _serve_on_ray(config, host, port, api_key, drain_timeout, max_body_bytes, lo
               help="Every request generates --max-tokens tokens.")
 @click.option("--max-batch", default=None, type=POSITIVE,
               help="When serving BUNDLE: KV slots [default: the largest concurrency].")
+@click.option("--repeat", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Runs of every (concurrency, policy) cell, interleaved; medians are reported.")
 @click.option("--out", default="bench-serve-out", show_default=True, type=click.Path(file_okay=False))
 @threads_option
 def bench_serve(bundle, url, api_key, model, concurrency, policies, requests_per_level, prompts_file, max_tokens,
-                temperature, ignore_eos, max_batch, out, threads):
+                temperature, ignore_eos, max_batch, repeat, out, threads):
     """Load a server with the openai client at several concurrency levels, per speculation policy."""
     try:
         import openai  # noqa: F401
@@ -498,7 +500,7 @@ def bench_serve(bundle, url, api_key, model, concurrency, policies, requests_per
     def run(base, pid):
         return run_bench_serve(base, prompts, names, levels, requests_per_level, max_tokens=max_tokens,
                                temperature=temperature, ignore_eos=ignore_eos, api_key=api_key, model=model,
-                               server_pid=pid, progress=progress)
+                               server_pid=pid, progress=progress, repeat=repeat)
 
     if url is None:
         click.echo(f"starting a server on {bundle} ...", err=True)

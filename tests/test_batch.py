@@ -338,3 +338,32 @@ def test_adaptive_weighs_k_for_every_admitted_sequence_while_some_still_prefill(
     ramp = [e for e in gen.events[events_before:] if e.batch < 3]
     assert ramp and ramp[0] is gen.events[events_before]             # the first steps ran before all had prefilled
     assert asked[0] == 3                                               # ... and were weighed for all three
+
+
+def _spinning_entries(session) -> tuple[str | None, str | None]:
+    """(allow_spinning, force_spinning_stop) as set on the session; None where unset (onnxruntime's default)."""
+    options = session.get_session_options()
+
+    def entry(key):
+        try:
+            return options.get_session_config_entry(key)
+        except RuntimeError:                # onnxruntime raises for a key never set
+            return None
+    return entry("session.intra_op.allow_spinning"), entry("session.force_spinning_stop")
+
+
+def test_spinning_modes_reach_the_sessions(batch_bundles):
+    """A pair spins within a call and stops when it returns (two sessions take turns on few cores); True and
+    False are always and never; anything else is a one-line error."""
+    from specedge.runtime.backends.cpu import spinning_mode
+
+    pair = load(batch_bundles["qwen2"])
+    for model in (pair.target, pair.draft):
+        assert _spinning_entries(model.session) == (None, "1")
+    always = load(batch_bundles["qwen2"], spinning=True)
+    assert _spinning_entries(always.target.session) == (None, None)
+    never = load(batch_bundles["qwen2"], spinning=False)
+    assert _spinning_entries(never.draft.session) == ("0", None)
+    assert spinning_mode(None, pair=False) == "always" and spinning_mode(None, pair=True) == "in-call"
+    with pytest.raises(OptionError, match="spinning must be"):
+        load(batch_bundles["qwen2"], spinning="sometimes")

@@ -391,11 +391,13 @@ def test_bench_serve_writes_results_and_plots(server, tmp_path, capsys):
     srv, gen = server
     out = tmp_path / "bench"
     assert main(["bench-serve", "--url", srv.url, "--concurrency", "1,2", "--policies", "target,fixed:2",
-                 "--requests", "2", "--max-tokens", "6", "--out", str(out)]) == 0
+                 "--requests", "2", "--max-tokens", "6", "--repeat", "3", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
-    assert results["levels"] == [1, 2] and results["model"] == MODEL
+    assert results["levels"] == [1, 2] and results["model"] == MODEL and results["repeat"] == 3
     entry = results["runs"]["fixed:2"]["2"]
-    assert entry["requests"] == 2 and entry["errors"] == 0 and entry["output_tok_per_s"] > 0
+    assert entry["requests"] == 6 and entry["errors"] == 0 and entry["output_tok_per_s"] > 0
+    per_repeat = entry["output_tok_per_s_per_repeat"]
+    assert len(per_repeat) == 3 and entry["output_tok_per_s"] == sorted(per_repeat)[1]      # the median of 3
     assert entry["ttft_s"]["p50"] > 0 and entry["tpot_s"]["p99"] >= entry["tpot_s"]["p50"]
     assert (out / "serve_throughput.png").exists() and (out / "serve_tpot.png").exists()
     assert "TPOT p50" in capsys.readouterr().out

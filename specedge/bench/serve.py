@@ -121,8 +121,19 @@ def _cpu_seconds(pid: int | None) -> float | None:
         return None
 
 
+def median_entry(entries: list[dict]) -> dict:
+    """One (policy, concurrency) cell over repeats: the repeat with the median output tokens/s (the lower middle
+    of an even count) stands for the cell, its throughput replaced by the true median; errors are summed over all
+    repeats, and each repeat's tokens/s is kept."""
+    middle = sorted(entries, key=lambda e: e["output_tok_per_s"])[(len(entries) - 1) // 2]
+    tok_per_s = [e["output_tok_per_s"] for e in entries]
+    return {**middle, "output_tok_per_s": float(np.median(tok_per_s)), "output_tok_per_s_per_repeat": tok_per_s,
+            "repeats": len(entries), "errors": sum(e["errors"] for e in entries),
+            "requests": sum(e["requests"] for e in entries)}
+
+
 async def _run(url, api_key, model, prompts, policies, levels, requests_per_level, max_tokens, temperature,
-               ignore_eos, server_pid, progress):
+               ignore_eos, server_pid, progress, repeat=1):
     from openai import APIError, AsyncOpenAI
 
     client = AsyncOpenAI(base_url=url, api_key=api_key or "-", max_retries=0, timeout=600.0)
@@ -137,21 +148,22 @@ async def _run(url, api_key, model, prompts, policies, levels, requests_per_leve
             model = models.data[0].id
         for policy in policies:                       # warm-up, not measured (adaptive learns costs here)
             await _level(client, model, prompts, policy, 1, 1, max_tokens, temperature, ignore_eos)
-        runs = {p: {} for p in policies}
-        total, done = len(levels) * len(policies), 0
-        for c in levels:
-            n = requests_per_level or max(4, 2 * c)
-            for policy in policies:
-                server_cpu = _cpu_seconds(server_pid)
-                entry = await _level(client, model, prompts, policy, c, n, max_tokens, temperature, ignore_eos)
-                after = _cpu_seconds(server_pid)
-                entry["server_cpu_share"] = (after - server_cpu) / entry["wall_s"] if after is not None else None
-                runs[policy][str(c)] = entry
-                done += 1
-                if progress:
-                    progress(done, total, f"concurrency {c} {policy}: {entry['output_tok_per_s']:.2f} tok/s, "
-                                          f"{entry['errors']} errors")
-        return model, runs
+        entries = {(p, c): [] for p in policies for c in levels}
+        total, done = repeat * len(levels) * len(policies), 0
+        for r in range(repeat):
+            for c in levels:
+                n = requests_per_level or max(4, 2 * c)
+                for policy in policies:
+                    server_cpu = _cpu_seconds(server_pid)
+                    entry = await _level(client, model, prompts, policy, c, n, max_tokens, temperature, ignore_eos)
+                    after = _cpu_seconds(server_pid)
+                    entry["server_cpu_share"] = (after - server_cpu) / entry["wall_s"] if after is not None else None
+                    entries[(policy, c)].append(entry)
+                    done += 1
+                    if progress:
+                        progress(done, total, f"{f'repeat {r + 1}/{repeat}, ' if repeat > 1 else ''}concurrency {c} "
+                                              f"{policy}: {entry['output_tok_per_s']:.2f} tok/s, {entry['errors']} errors")
+        return model, {p: {str(c): median_entry(entries[(p, c)]) for c in levels} for p in policies}
     finally:
         await client.close()
 
@@ -159,11 +171,12 @@ async def _run(url, api_key, model, prompts, policies, levels, requests_per_leve
 def run_bench_serve(url: str, prompts: list[dict], policies=DEFAULT_POLICIES, levels=DEFAULT_LEVELS,
                     requests_per_level: int | None = None, max_tokens: int = 64, temperature: float = 0.0,
                     ignore_eos: bool = True, api_key: str | None = None, model: str | None = None,
-                    server_pid: int | None = None, progress=None) -> dict:
-    """-> results (see the module docstring); url is the server's base URL ending in /v1."""
+                    server_pid: int | None = None, progress=None, repeat: int = 1) -> dict:
+    """-> results (see the module docstring); url is the server's base URL ending in /v1. repeat > 1 runs every
+    (concurrency, policy) cell that many times, interleaved, and reports medians (median_entry)."""
     model, runs = asyncio.run(_run(url, api_key, model, prompts, list(policies), list(levels), requests_per_level,
-                                   max_tokens, temperature, ignore_eos, server_pid, progress))
-    return {"url": url, "model": model, "policies": list(policies), "levels": list(levels),
+                                   max_tokens, temperature, ignore_eos, server_pid, progress, repeat))
+    return {"url": url, "model": model, "policies": list(policies), "levels": list(levels), "repeat": repeat,
             "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
             "prompts": len(prompts), "runs": runs,
             "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),

@@ -13,7 +13,7 @@ from specedge.runtime.stream import Stream
 
 
 def load(bundle, backend: str = "cpu", threads: int | None = None, target_rows: str | int = "auto",
-         max_batch: int = 1, max_queue: int = 64, background: bool = False, spinning: bool | None = None,
+         max_batch: int = 1, max_queue: int = 64, background: bool = False, spinning: bool | str | None = None,
          device_id: int = 0, cuda_graphs: bool = True, backend_options: dict | None = None) -> Generator:
     """Loads a bundle from its manifest alone onto `backend`: "cpu" (onnxruntime's CPU provider), "cuda"
     (onnxruntime-gpu, device-resident KV), "tensorrt" (engines built into the bundle), or "auto" (the first
@@ -21,7 +21,8 @@ def load(bundle, backend: str = "cpu", threads: int | None = None, target_rows: 
     max_batch: concurrent sequences (KV slots allocated once); max_queue: requests that may wait beyond them.
     target_rows: "auto" (exact), or 1 / 2 to force how many rows a lone target token runs as.
     background: a worker thread runs the batch (a server) instead of the waiting callers.
-    spinning: whether onnxruntime's idle threads spin (cpu backend); None: only for a target-only bundle.
+    spinning: how onnxruntime's threads wait for work (cpu backend): "always" spin (True), "in-call" (spin
+    within a call, stop when it returns), "never" (False); None: in-call for a pair, always for a target alone.
     device_id, cuda_graphs: the GPU, and whether decode calls replay CUDA graphs (GPU backends).
     backend_options: further constructor options of the backend (e.g. {"device": "cpu"} runs the cuda
     backend's code on the CPU provider, the tests' way to exercise it without a GPU)."""

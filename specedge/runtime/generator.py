@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 from specedge.errors import BundleError, OptionError, SpecedgeError
 from specedge.runtime.backends import choose_backend, open_backend
 from specedge.runtime.backends.base import decode_width
+from specedge.runtime.backends.cpu import spinning_mode
 from specedge.runtime.batch_step import Models
 from specedge.runtime.chat import render_chat
 from specedge.runtime.manifest import read_manifest
@@ -35,7 +36,7 @@ DEFAULT_MAX_QUEUE = 64
 class Generator:
     def __init__(self, bundle: str | Path, backend: str = "cpu", threads: int | None = None,
                  target_rows: str | int = "auto", max_batch: int = 1, max_queue: int = DEFAULT_MAX_QUEUE,
-                 background: bool = False, spinning: bool | None = None, device_id: int = 0,
+                 background: bool = False, spinning: bool | str | None = None, device_id: int = 0,
                  cuda_graphs: bool = True, backend_options: dict | None = None):
         if not isinstance(max_batch, int) or max_batch < 1:
             raise OptionError(f"max_batch must be an integer >= 1, got {max_batch!r}")
@@ -61,7 +62,7 @@ class Generator:
         models = m["models"]
         options, widths = dict(backend_options or {}), {"target": 0, "draft": 0}
         if backend == "cpu":        # two sessions taking turns fight over few cores while idle threads spin (cpu.py)
-            options.setdefault("spinning", "draft" not in models if spinning is None else spinning)
+            options.setdefault("spinning", spinning_mode(spinning, pair="draft" in models))
         elif backend in ("cuda", "tensorrt"):
             options.update(device_id=device_id, cuda_graphs=cuda_graphs)
             # one shape for every decode call (exact by construction, one CUDA graph): see backends/cuda.py

@@ -25,15 +25,37 @@ ORT_TYPES = {"int64": "tensor(int64)", "float32": "tensor(float)", "float16": "t
 KV_NUMPY = {"float32": np.float32, "float16": np.float16}      # numpy has no bfloat16
 
 
-def session_options(threads: int | None, profile: str | None = None, spinning: bool = True):
-    """spinning False: intra-op threads sleep as soon as a call ends instead of spinning for the next one. Two
-    sessions taking turns (target and draft) on few cores otherwise steal each other's cores: on 2 cores a
-    tiny pair's target steps ran 1.5-2x slower after a single draft call than with spinning off."""
+SPINNING = ("always", "in-call", "never")
+
+
+def spinning_mode(choice: bool | str | None, pair: bool) -> str:
+    """load(spinning=...) -> SPINNING: None picks in-call for a pair (two sessions take turns), always for a
+    target-only bundle; True / False are always / never."""
+    if choice is None:
+        return "in-call" if pair else "always"
+    if isinstance(choice, bool):
+        return "always" if choice else "never"
+    if choice not in SPINNING:
+        raise OptionError(f"spinning must be None, True, False or one of {', '.join(SPINNING)}, got {choice!r}")
+    return choice
+
+
+def session_options(threads: int | None, profile: str | None = None, spinning: str = "always"):
+    """How onnxruntime's intra-op threads wait for work (SPINNING):
+    always: they spin between the parallel parts of a call and, for a while, after it (the fastest single
+    session); in-call: they spin within a call and stop as soon as it returns (session.force_spinning_stop),
+    so two sessions taking turns (target and draft) do not steal each other's cores, which on 2 cores made a
+    tiny pair's target steps 1.5-2x slower after a draft call; never: they sleep whenever they wait, also
+    between the parts of one call (8-15% slower int4 calls than in-call on a 2-core EPYC: docs/runtime-v2.md)."""
     import onnxruntime as ort
 
+    if spinning not in SPINNING:
+        raise OptionError(f"spinning must be one of {', '.join(SPINNING)}, got {spinning!r}")
     options = ort.SessionOptions()
-    if not spinning:
+    if spinning == "never":
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    elif spinning == "in-call":
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads or os.cpu_count() or 1
     options.inter_op_num_threads = 1
@@ -71,7 +93,7 @@ class CpuBackend(ModelBackend):
             raise RuntimeError("onnxruntime has no CPU execution provider")
 
     def __init__(self, path: Path, entry: dict, max_seq_len: int, max_batch: int = 1, threads: int | None = None,
-                 max_step: int = 64, profile: str | None = None, spinning: bool = True):
+                 max_step: int = 64, profile: str | None = None, spinning: bool | str = "always"):
         import onnxruntime as ort
 
         self._ort = ort
@@ -83,8 +105,8 @@ class CpuBackend(ModelBackend):
             raise OptionError(f"the {entry['graph_variant']} graph runs {entry['max_batch']} row per call; "
                               f"max_batch {max_batch} needs a bundle exported with --attention standard")
         try:
-            self.session = ort.InferenceSession(str(path), session_options(threads, profile, spinning),
-                                                providers=["CPUExecutionProvider"])
+            options = session_options(threads, profile, spinning_mode(spinning, pair=False))
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime raises its own untyped errors for bad files
             raise BundleError(f"{path}: cannot load model ({str(err).splitlines()[0]})") from err
         check_io(self.session, entry, path)

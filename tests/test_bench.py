@@ -1,6 +1,7 @@
 """`specedge bench` on a tiny pair: every policy side by side, results.json, table and plots."""
 
 import json
+import math
 
 import pytest
 
@@ -141,6 +142,15 @@ def test_cpu_description_names_the_vector_extensions(tmp_path, monkeypatch):
     assert runner.cpu_description() == "Some CPU 9000 (AVX2, AVX-512, AMX-INT8)"
 
 
+def test_batch_workload_is_one_request_list_for_every_size():
+    from specedge.bench.batch import MAX_WORKLOAD, workload_size
+
+    assert workload_size([1, 2, 4, 8]) == 8
+    assert workload_size([1, 3]) == 3
+    assert workload_size([2, 3]) == 6
+    assert workload_size([1, 7, 9, 64]) == 64 and math.lcm(7, 9, 64) > MAX_WORKLOAD
+
+
 def test_bench_batches_cli(workdir, tmp_path, capsys):
     """bench --batch: every configuration at every batch size, outputs identical to target-only at each."""
     import tiny_models as tm
@@ -160,8 +170,13 @@ def test_bench_batches_cli(workdir, tmp_path, capsys):
             assert entry["identical_to_target"] is True and entry["aggregate_tok_per_s"] > 0
         assert results["batches"][b]["target"]["k_mean"] == 0
     assert results["batches"]["3"]["fixed:4"]["k_mean"] > 1
-    # three sequences of one batch take about as many target calls as one sequence alone
-    assert results["batches"]["3"]["target"]["target_calls"] < 2 * results["batches"]["1"]["target"]["target_calls"]
+    # every batch size ran the same three requests (B = 1: one after another), and outputs follow the request
+    assert results["settings"]["requests_per_batch_size"] == 3
+    for b in ("1", "3"):
+        assert len(results["batches"][b]["target"]["per_request_tokens"]) == 3
+    assert results["batches"]["1"]["target"]["per_request_tokens"] == results["batches"]["3"]["target"]["per_request_tokens"]
+    # the three in one batch took about a third of the target calls they took one after another
+    assert results["batches"]["3"]["target"]["target_calls"] < results["batches"]["1"]["target"]["target_calls"] / 2
     for plot in ("throughput_vs_batch", "k_vs_batch"):
         assert (tmp_path / "out" / f"{plot}.png").stat().st_size > 1000
     assert "agg tok/s" in captured.out

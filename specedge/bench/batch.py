@@ -1,12 +1,16 @@
 """`specedge bench --batch 1,2,4,8`: every configuration at every batch size, B requests at once, interleaved.
 
-At each batch size B the same B prompts (the prompt list cycled) are submitted together and run as rows of one
-batch; aggregate throughput is all their new tokens over the wall time until the last one ends. Configurations
-run alternately within each repeat so machine drift hits all alike; medians over repeats are reported.
+Every batch size runs the same workload: W requests (the prompt list cycled; W = workload_size(sizes), 8 for
+1,2,4,8), submitted in waves of B that run as rows of one batch, each wave once the one before has ended.
+Aggregate throughput is all their new tokens over the waves' wall time. (An earlier version ran one wave of the
+first B prompts, so B = 1 measured the first prompt alone and B = 4 four different ones: a shorter prompt made
+B = 1 look faster than the same requests are.) Configurations run alternately within each repeat so machine
+drift hits all alike; medians over repeats are reported.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -27,15 +31,38 @@ def parse_batches(text: str, option: str = "--batch") -> list[int]:
     return sizes
 
 
-def run_together(gen, prompts: list[dict], batch: int, options: dict, seed: int | None):
-    """B requests submitted at once (the worker admits them together) -> (results, wall seconds)."""
-    rows = [prompts[j % len(prompts)] for j in range(batch)]
+MAX_WORKLOAD = 64
+
+
+def workload_size(sizes: list[int]) -> int:
+    """Requests each batch size runs: the least common multiple of the sizes (every wave full) unless that
+    exceeds MAX_WORKLOAD, then the largest size (the last wave of a size that does not divide it is partial)."""
+    lcm = math.lcm(*sizes)
+    return lcm if lcm <= MAX_WORKLOAD else max(sizes)
+
+
+def run_together(gen, prompts: list[dict], batch: int, options: dict, seed: int | None, first: int = 0):
+    """Requests first .. first + batch - 1 (prompts cycled, seeds by request index) submitted at once (the worker
+    admits them together) -> (results, wall seconds)."""
     t = time.perf_counter()
     with gen.scheduler.wake:                                   # hold the worker until all B are queued
-        streams = [gen.stream(row["prompt"], chat=row.get("chat", False), **options,
-                              seed=None if seed is None else seed + j) for j, row in enumerate(rows)]
+        streams = []
+        for j in range(first, first + batch):
+            row = prompts[j % len(prompts)]
+            streams.append(gen.stream(row["prompt"], chat=row.get("chat", False), **options,
+                                      seed=None if seed is None else seed + j))
     results = [s.wait() for s in streams]
     return results, time.perf_counter() - t
+
+
+def run_waves(gen, prompts: list[dict], batch: int, workload: int, options: dict, seed: int | None):
+    """The workload's requests in waves of `batch` -> (results in request order, wall seconds of all waves)."""
+    results, wall = [], 0.0
+    for first in range(0, workload, batch):
+        wave, seconds = run_together(gen, prompts, min(batch, workload - first), options, seed, first)
+        results += wave
+        wall += seconds
+    return results, wall
 
 
 def run_batch_bench(gen, prompts: list[dict], configs: list[str], sizes: list[int], max_new_tokens: int = 128,
@@ -47,6 +74,7 @@ def run_batch_bench(gen, prompts: list[dict], configs: list[str], sizes: list[in
     for name in configs:
         gen.options(**config_options(name))
     base = dict(max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=True)
+    workload = workload_size(sizes)
     for name in configs:                                       # warm-up, excluded
         run_together(gen, prompts, max(sizes), {**base, **config_options(name), "max_new_tokens": 8}, seed)
     runs = {(b, name): [] for b in sizes for name in configs}
@@ -56,7 +84,7 @@ def run_batch_bench(gen, prompts: list[dict], configs: list[str], sizes: list[in
             for name in configs:
                 events_before = len(gen.scheduler.events)
                 calls_before = gen.counters.get("target_calls", 0)
-                results, wall = run_together(gen, prompts, b, {**base, **config_options(name)}, seed)
+                results, wall = run_waves(gen, prompts, b, workload, {**base, **config_options(name)}, seed)
                 events = list(gen.scheduler.events)[events_before:] if events_before < gen.scheduler.events.maxlen else []
                 runs[(b, name)].append({"results": results, "wall_s": wall, "events": events,
                                         "target_calls": gen.counters.get("target_calls", 0) - calls_before})
@@ -73,7 +101,7 @@ def run_batch_bench(gen, prompts: list[dict], configs: list[str], sizes: list[in
             "memory": memory_report(gen.manifest, gen.max_batch),
             "bundle": {"path": str(gen.path), "max_draft": gen.max_draft},
             "settings": {"max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed,
-                         "repeat": repeat, "prompts": len(prompts)}}
+                         "repeat": repeat, "prompts": len(prompts), "requests_per_batch_size": workload}}
 
 
 def _summary(runs: list[dict], target_runs: list[dict], greedy: bool) -> dict:
@@ -91,4 +119,5 @@ def _summary(runs: list[dict], target_runs: list[dict], greedy: bool) -> dict:
             "acceptance_per_position": stats.acceptance_per_position,
             "k_mean": statistics.mean(ks) if ks else 0.0, "k_per_step": ks[:512],
             "target_calls": statistics.median(run["target_calls"] for run in runs),
+            "per_request_tokens": [res.tokens for res in runs[0]["results"]],     # the first repeat's, by request
             "identical_to_target": identical}

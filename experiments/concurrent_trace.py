@@ -1,0 +1,94 @@
+"""What a policy costs under concurrent load without the server: C client threads on one background generator
+(the server's engine, no HTTP), each running requests one after another, policies alternating per repeat.
+
+    python experiments/concurrent_trace.py BUNDLE [--concurrency 16] [--policies target,adaptive]
+        [--repeat 3] [--tokens 64] [--requests 32] [--out trace.json]
+
+A cell is `--requests` requests (the built-in prompts cycled, greedy, ignore_eos) over C threads; it reports
+output tokens / wall and takes the cell's step records apart: steps, rows per step, k, draft calls, catch-up
+tokens and seconds, prefill chunks, time in the draft phase and the verify phase. Medians over repeats.
+"""
+
+import argparse
+import json
+import statistics
+import threading
+import time
+
+from specedge.prompts import BUILTIN_PROMPTS
+from specedge.runtime import load
+
+
+def cell(gen, policy: str, concurrency: int, n_requests: int, tokens: int) -> dict:
+    todo = list(range(n_requests))
+    lock = threading.Lock()
+    results = []
+
+    def client():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i = todo.pop(0)
+            row = BUILTIN_PROMPTS[i % len(BUILTIN_PROMPTS)]
+            r = gen.generate(row["prompt"], chat=row.get("chat", False), policy=policy, max_new_tokens=tokens,
+                             ignore_eos=True)
+            with lock:
+                results.append(r)
+
+    before_events, before = len(gen.scheduler.events), dict(gen.counters)
+    t = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t
+    events = list(gen.scheduler.events)[before_events:]
+    after = dict(gen.counters)
+    n_tokens = sum(len(r.tokens) for r in results)
+    ks = [max(e.k, default=0) for e in events]
+    return {
+        "tok_per_s": n_tokens / wall, "wall_s": wall, "tokens": n_tokens,
+        "steps": len(events), "rows_mean": statistics.mean(e.batch for e in events) if events else 0,
+        "k_pos_steps": sum(1 for k in ks if k), "draft_calls": sum(e.draft_calls for e in events),
+        "catch_up_tokens": sum(e.catch_up_tokens for e in events), "catch_up_s": sum(e.catch_up_s for e in events),
+        "draft_s": sum(e.draft_s for e in events), "verify_s": sum(e.verify_s for e in events),
+        "prefill_chunks": after.get("prefill_chunks", 0) - before.get("prefill_chunks", 0),
+        "prefill_s": sum(r.stats.prefill_s for r in results),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bundle")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--policies", default="target,adaptive")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    policies = args.policies.split(",")
+    gen = load(args.bundle, max_batch=args.max_batch, max_queue=256, background=True)
+    for p in policies:                                    # warm-up, as bench-serve's
+        cell(gen, p, 1, 1, args.tokens)
+    cells = {p: [] for p in policies}
+    for r in range(args.repeat):
+        for p in policies:
+            c = cell(gen, p, args.concurrency, args.requests, args.tokens)
+            cells[p].append(c)
+            print(f"repeat {r + 1} {p}: {json.dumps({k: round(v, 3) for k, v in c.items()})}", flush=True)
+    gen.close()
+    print("medians:")
+    for p in policies:
+        med = {k: statistics.median(c[k] for c in cells[p]) for k in cells[p][0]}
+        print(f"  {p}: {json.dumps({k: round(v, 3) for k, v in med.items()})}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "cells": cells}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -6,7 +6,8 @@
 
 A cell is `--requests` requests (the built-in prompts cycled, greedy, ignore_eos) over C threads; it reports
 output tokens / wall and takes the cell's step records apart: steps, rows per step, k, draft calls, catch-up
-tokens and seconds, prefill chunks, time in the draft phase and the verify phase. Medians over repeats.
+tokens and seconds, prefill chunks, time in the draft phase and the verify phase. Medians over repeats; --out also
+keeps every step of every cell (batch, k per row, draft calls, catch-up tokens, draft and verify seconds).
 """
 
 import argparse
@@ -48,7 +49,10 @@ def cell(gen, policy: str, concurrency: int, n_requests: int, tokens: int) -> di
     after = dict(gen.counters)
     n_tokens = sum(len(r.tokens) for r in results)
     ks = [max(e.k, default=0) for e in events]
-    return {
+    steps = [{"batch": e.batch, "k": list(e.k), "draft_calls": e.draft_calls, "catch_up_tokens": e.catch_up_tokens,
+              "draft_s": round(e.draft_s, 5), "verify_s": round(e.verify_s, 5), "verify_tokens": e.verify_tokens}
+             for e in events]
+    return steps, {
         "tok_per_s": n_tokens / wall, "wall_s": wall, "tokens": n_tokens,
         "steps": len(events), "rows_mean": statistics.mean(e.batch for e in events) if events else 0,
         "k_pos_steps": sum(1 for k in ks if k), "draft_calls": sum(e.draft_calls for e in events),
@@ -74,11 +78,12 @@ def main() -> None:
     gen = load(args.bundle, max_batch=args.max_batch, max_queue=256, background=True)
     for p in policies:                                    # warm-up, as bench-serve's
         cell(gen, p, 1, 1, args.tokens)
-    cells = {p: [] for p in policies}
+    cells, step_logs = {p: [] for p in policies}, {p: [] for p in policies}
     for r in range(args.repeat):
         for p in policies:
-            c = cell(gen, p, args.concurrency, args.requests, args.tokens)
+            steps, c = cell(gen, p, args.concurrency, args.requests, args.tokens)
             cells[p].append(c)
+            step_logs[p].append(steps)
             print(f"repeat {r + 1} {p}: {json.dumps({k: round(v, 3) for k, v in c.items()})}", flush=True)
     gen.close()
     print("medians:")
@@ -87,7 +92,7 @@ def main() -> None:
         print(f"  {p}: {json.dumps({k: round(v, 3) for k, v in med.items()})}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "cells": cells}, f, indent=1)
+            json.dump({"args": vars(args), "cells": cells, "steps": step_logs}, f)
 
 
 if __name__ == "__main__":

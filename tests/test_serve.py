@@ -320,7 +320,21 @@ def test_metrics_equal_the_sum_of_the_responses(bundle):
         assert metric("e2e_request_latency_seconds_count") == metric("time_to_first_token_seconds_count") == 5
         assert metric("num_requests_running") == metric("num_requests_waiting") == 0
         assert metric("decode_steps_without_draft_total") > 0           # the "off" request ran k = 0 steps
-        assert sum(v for (name, _), v in values.items() if name == "specedge:decode_steps_total") > 0
+        steps_total = int(sum(v for (name, _), v in values.items() if name == "specedge:decode_steps_total"))
+        assert steps_total > 0
+        # the step log: every decode step, numbered, with what it drafted and accepted
+        steps = httpx.get(srv.url + "/speculation/steps", params={"recent": 4096}).json()
+        recent = steps["recent"]
+        assert steps["steps"] == len(recent) == steps_total
+        assert [r["step"] for r in recent] == list(range(1, steps_total + 1))
+        assert sum(sum(r["k"]) for r in recent) == sum(s["drafted_tokens"] for s in specs)
+        assert sum(sum(r["accepted"]) for r in recent) == sum(s["accepted_tokens"] for s in specs)
+        assert all(r["batch"] == 1 and r["verify_s"] > 0 for r in recent)        # one request at a time
+        assert all(a["ended"] <= b["ended"] for a, b in zip(recent, recent[1:]))
+        assert any(r["draft_calls"] == 0 for r in recent) and any(r["draft_calls"] > 0 for r in recent)
+        tail = httpx.get(srv.url + "/speculation/steps", params={"after": steps_total - 2}).json()["recent"]
+        assert [r["step"] for r in tail] == [steps_total - 1, steps_total]
+        assert_openai_error(httpx.get(srv.url + "/speculation/steps", params={"recent": "-1"}), 400, "recent")
 
 
 def test_sixteen_concurrent_streams_lose_nothing_and_leave_no_slot_busy(server):

@@ -32,6 +32,7 @@ from specedge.serve.errors import APIError, invalid
 from specedge.serve.metrics import Metrics
 from specedge.serve.protocol import Limits
 from specedge.serve.rejections import RejectionLog
+from specedge.serve.steps import StepLog
 
 log = logging.getLogger("specedge.serve")
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -59,6 +60,7 @@ class Service:
         self.replica = replica                      # set when several replicas share one route (Ray Serve)
         self.metrics = Metrics(gen.scheduler)
         self.rejections = RejectionLog(gen.decode, _special_ids(gen))
+        self.steps = StepLog()
         self.bridge: Bridge | None = None
         self.created = int(time.time())
         self._previous_hook = None
@@ -78,6 +80,7 @@ class Service:
         try:
             self.metrics.observe_step(record)
             self.rejections.observe_step(record)
+            self.steps.observe_step(record)
         except Exception:  # noqa: BLE001
             if not self._hook_failed:
                 self._hook_failed = True
@@ -302,6 +305,15 @@ class Service:
             return int(value)
         return JSONResponse(self.rejections.snapshot(top=count("top", 20), recent=count("recent", 50)))
 
+    async def steps_view(self, request: Request, started: float) -> Response:
+        def count(name: str, default: int, most: int) -> int:
+            value = request.query_params.get(name, str(default))
+            if not value.isdigit() or int(value) > most:
+                raise invalid(f"'{name}' must be an integer between 0 and {most}", name)
+            return int(value)
+        return JSONResponse(self.steps.snapshot(recent=count("recent", 100, self.steps.kept),
+                                                after=count("after", 0, 2**62)))
+
 
 def _client(request: Request) -> str:
     return f"{request.client.host}:{request.client.port}" if request.client else "-"
@@ -361,6 +373,7 @@ def create_app(gen, limits: Limits, api_key: str | None = None,
         Route("/v1/chat/completions", service.route(chat), methods=["POST"]),
         Route("/v1/models", service.route(service.models), methods=["GET"]),
         Route("/v1/speculation/rejections", service.route(service.rejections_view), methods=["GET"]),
+        Route("/v1/speculation/steps", service.route(service.steps_view), methods=["GET"]),
         Route("/health", service.route(service.health, auth=False), methods=["GET"]),
         Route("/metrics", service.route(service.prometheus, auth=False), methods=["GET"]),
     ]

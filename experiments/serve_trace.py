@@ -1,0 +1,81 @@
+"""What a policy costs under concurrent load through the server: bench-serve's cells against one `specedge serve`
+process, each cell's decode steps read back from GET /v1/speculation/steps and taken apart (the HTTP
+counterpart of concurrent_trace.py).
+
+    python experiments/serve_trace.py BUNDLE [--concurrency 4] [--policies target,adaptive] [--repeat 3]
+        [--tokens 64] [--out trace.json]
+
+A cell is bench-serve's (max(4, 2 x concurrency) streamed greedy requests of the built-in prompts, output tokens
+over wall time); policies alternate within each repeat. Per cell: steps, rows per step, steps with k > 0, draft
+calls, catch-up tokens and seconds, time in the draft and verify phases and inside model calls, and the cell's
+wall time not spent in decode steps (prefill chunks, HTTP, waiting). Medians over repeats; --out keeps every step.
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import httpx
+
+from specedge.bench.runner import load_prompts
+from specedge.bench.serve import run_bench_serve, served
+
+
+def steps_after(url: str, after: int) -> tuple[int, list[dict]]:
+    got = httpx.get(url + "/speculation/steps", params={"after": after, "recent": 4096}).json()
+    return got["steps"], got["recent"]
+
+
+def summary(steps: list[dict], tok_per_s: float, wall: float) -> dict:
+    in_steps = sum(s["draft_s"] + s["verify_s"] for s in steps)
+    return {
+        "tok_per_s": tok_per_s, "wall_s": wall, "steps": len(steps),
+        "rows_mean": statistics.mean(s["batch"] for s in steps) if steps else 0.0,
+        "k_pos_steps": sum(1 for s in steps if max(s["k"], default=0)),
+        "draft_calls": sum(s["draft_calls"] for s in steps),
+        "catch_up_tokens": sum(s["catch_up_tokens"] for s in steps),
+        "catch_up_s": sum(s["catch_up_s"] for s in steps), "draft_s": sum(s["draft_s"] for s in steps),
+        "verify_s": sum(s["verify_s"] for s in steps), "model_s": sum(s["model_s"] for s in steps),
+        "outside_steps_s": wall - in_steps,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("bundle")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--policies", default="target,adaptive")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    policies, prompts, c = args.policies.split(","), load_prompts(None), args.concurrency
+    cells, logs = {p: [] for p in policies}, {p: [] for p in policies}
+    with served(args.bundle, 8) as (url, _):
+        run_bench_serve(url, prompts, policies, [1], max_tokens=8)            # warm-up, not measured
+        seen, _ = steps_after(url, 0)
+        for r in range(args.repeat):
+            for p in policies:
+                res = run_bench_serve(url, prompts, [p], [c], max_tokens=args.tokens)
+                returned = time.time()
+                entry = res["runs"][p][str(c)]
+                # run_bench_serve's own warm-up request (one, at concurrency 1) comes first: keep the steps that
+                # ended within the cell's wall time
+                seen, steps = steps_after(url, seen)
+                steps = [s for s in steps if s["ended"] >= returned - entry["wall_s"]]
+                cell = summary(steps, entry["output_tok_per_s"], entry["wall_s"])
+                cells[p].append(cell)
+                logs[p].append(steps)
+                print(f"repeat {r + 1} {p}: {json.dumps({k: round(v, 3) for k, v in cell.items()})}", flush=True)
+    print("medians:")
+    for p in policies:
+        med = {k: statistics.median(x[k] for x in cells[p]) for k in cells[p][0]}
+        print(f"  {p}: {json.dumps({k: round(v, 3) for k, v in med.items()})}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "cells": cells, "steps": logs}, f)
+
+
+if __name__ == "__main__":
+    main()

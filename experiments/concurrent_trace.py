@@ -1,5 +1,6 @@
 """What a policy costs under concurrent load without the server: C client threads on one background generator
-(the server's engine, no HTTP), each running requests one after another, policies alternating per repeat.
+(the server's engine, no HTTP), each running requests one after another, policies alternating within each repeat
+(reversed on every other).
 
     python experiments/concurrent_trace.py BUNDLE [--concurrency 16] [--policies target,adaptive]
         [--repeat 3] [--tokens 64] [--requests 32] [--out trace.json]
@@ -16,6 +17,7 @@ import statistics
 import threading
 import time
 
+from specedge.bench.order import alternating
 from specedge.prompts import BUILTIN_PROMPTS
 from specedge.runtime import load
 
@@ -80,15 +82,20 @@ def main() -> None:
         cell(gen, p, 1, 1, args.tokens)
     cells, step_logs = {p: [] for p in policies}, {p: [] for p in policies}
     for r in range(args.repeat):
-        for p in policies:
+        for p in alternating(policies, r):
             steps, c = cell(gen, p, args.concurrency, args.requests, args.tokens)
             cells[p].append(c)
             step_logs[p].append(steps)
             print(f"repeat {r + 1} {p}: {json.dumps({k: round(v, 3) for k, v in c.items()})}", flush=True)
     gen.close()
+    report(cells, step_logs, args)
+
+
+def report(cells: dict, step_logs: dict, args) -> None:
+    """Medians per policy over its cells; with --out, every cell and every step as JSON (serve_trace.py too)."""
     print("medians:")
-    for p in policies:
-        med = {k: statistics.median(c[k] for c in cells[p]) for k in cells[p][0]}
+    for p, runs in cells.items():
+        med = {k: statistics.median(c[k] for c in runs) for k in runs[0]}
         print(f"  {p}: {json.dumps({k: round(v, 3) for k, v in med.items()})}")
     if args.out:
         with open(args.out, "w") as f:

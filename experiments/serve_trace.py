@@ -6,9 +6,10 @@ counterpart of concurrent_trace.py).
         [--tokens 64] [--out trace.json]
 
 A cell is bench-serve's (max(4, 2 x concurrency) streamed greedy requests of the built-in prompts, output tokens
-over wall time); policies alternate within each repeat. Per cell: steps, rows per step, steps with k > 0, draft
-calls, catch-up tokens and seconds, time in the draft and verify phases and inside model calls, and the cell's
-wall time not spent in decode steps (prefill chunks, HTTP, waiting). Medians over repeats; --out keeps every step.
+over wall time); policies alternate within each repeat (reversed on every other). Per cell: steps, rows per
+step, steps with k > 0, draft calls, catch-up tokens and seconds, time in the draft and verify phases and inside
+model calls, and the cell's wall time not spent in decode steps (prefill chunks, HTTP, waiting). Medians over
+repeats; --out keeps every step.
 """
 
 import argparse
@@ -18,6 +19,8 @@ import time
 
 import httpx
 
+from concurrent_trace import report             # experiments/ is on sys.path when run as a script
+from specedge.bench.order import alternating
 from specedge.bench.runner import load_prompts
 from specedge.bench.serve import run_bench_serve, served
 
@@ -56,7 +59,7 @@ def main() -> None:
         run_bench_serve(url, prompts, policies, [1], max_tokens=8)            # warm-up, not measured
         seen, _ = steps_after(url, 0)
         for r in range(args.repeat):
-            for p in policies:
+            for p in alternating(policies, r):
                 res = run_bench_serve(url, prompts, [p], [c], max_tokens=args.tokens)
                 returned = time.time()
                 entry = res["runs"][p][str(c)]
@@ -68,13 +71,7 @@ def main() -> None:
                 cells[p].append(cell)
                 logs[p].append(steps)
                 print(f"repeat {r + 1} {p}: {json.dumps({k: round(v, 3) for k, v in cell.items()})}", flush=True)
-    print("medians:")
-    for p in policies:
-        med = {k: statistics.median(x[k] for x in cells[p]) for k in cells[p][0]}
-        print(f"  {p}: {json.dumps({k: round(v, 3) for k, v in med.items()})}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "cells": cells, "steps": logs}, f)
+    report(cells, logs, args)
 
 
 if __name__ == "__main__":

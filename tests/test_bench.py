@@ -151,6 +151,30 @@ def test_batch_workload_is_one_request_list_for_every_size():
     assert workload_size([1, 7, 9, 64]) == 64 and math.lcm(7, 9, 64) > MAX_WORKLOAD
 
 
+def test_batch_bench_keeps_each_cells_steps_once_the_event_ring_is_full(standard_bundles):
+    """The scheduler keeps only its most recent step records: a cell's steps are counted by the step counter, so a
+    full ring still gives every cell its own (the ring's length stops growing once full)."""
+    from collections import deque
+
+    from specedge.bench.batch import run_batch_bench
+    from specedge.runtime import load
+
+    gen = load(standard_bundles["qwen2"], max_batch=2)
+    gen.scheduler.events = deque(maxlen=6)                   # full after the warm-up
+    prompts = [{"prompt": "ab"}, {"prompt": "xyz"}]
+    results = run_batch_bench(gen, prompts, ["fixed:4"], [1, 2], max_new_tokens=12, repeat=2)
+    for b in ("1", "2"):
+        fixed, target = results["batches"][b]["fixed:4"], results["batches"][b]["target"]
+        assert fixed["k_mean"] >= 1 and 0 < len(fixed["k_per_step"]) <= 2 * 6, fixed["k_per_step"]
+        assert target["k_mean"] == 0 and len(target["k_per_step"]) == 2 * 6
+
+
+def test_benchmark_configurations_alternate_their_order_by_repeat():
+    from specedge.bench.order import alternating
+
+    assert [alternating(["a", "b", "c"], r) for r in range(3)] == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
+
+
 def test_bench_batches_cli(workdir, tmp_path, capsys):
     """bench --batch: every configuration at every batch size, outputs identical to target-only at each."""
     import tiny_models as tm

@@ -4,8 +4,8 @@ Every batch size runs the same workload: W requests (the prompt list cycled; W =
 1,2,4,8), submitted in waves of B that run as rows of one batch, each wave once the one before has ended.
 Aggregate throughput is all their new tokens over the waves' wall time. (An earlier version ran one wave of the
 first B prompts, so B = 1 measured the first prompt alone and B = 4 four different ones: a shorter prompt made
-B = 1 look faster than the same requests are.) Configurations run alternately within each repeat so machine
-drift hits all alike; medians over repeats are reported.
+B = 1 look faster than the same requests are.) Configurations run alternately within each repeat, in reverse
+order on every other repeat, so machine drift hits all alike; medians over repeats are reported.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import math
 import statistics
 import time
 
+from specedge.bench.order import alternating
 from specedge.bench.runner import config_options, machine_info
 from specedge.errors import OptionError
 from specedge.runtime.memory import memory_report
@@ -65,6 +66,13 @@ def run_waves(gen, prompts: list[dict], batch: int, workload: int, options: dict
     return results, wall
 
 
+def last_events(gen, steps: int) -> list:
+    """The step records of the last `steps` decode steps (the scheduler keeps the most recent EVENTS_KEPT: a
+    longer cell keeps its last ones). Counted by the scheduler's step counter, not by the ring's length, which
+    stops growing once the ring is full."""
+    return list(gen.scheduler.events)[-steps:] if steps > 0 else []
+
+
 def run_batch_bench(gen, prompts: list[dict], configs: list[str], sizes: list[int], max_new_tokens: int = 128,
                     temperature: float = 0.0, seed: int | None = None, repeat: int = 1, progress=None) -> dict:
     if "target" not in configs:
@@ -81,13 +89,13 @@ def run_batch_bench(gen, prompts: list[dict], configs: list[str], sizes: list[in
     total, done = repeat * len(sizes) * len(configs), 0
     for r in range(repeat):
         for b in sizes:
-            for name in configs:
-                events_before = len(gen.scheduler.events)
-                calls_before = gen.counters.get("target_calls", 0)
+            for name in alternating(configs, r):
+                before = gen.counters
                 results, wall = run_waves(gen, prompts, b, workload, {**base, **config_options(name)}, seed)
-                events = list(gen.scheduler.events)[events_before:] if events_before < gen.scheduler.events.maxlen else []
-                runs[(b, name)].append({"results": results, "wall_s": wall, "events": events,
-                                        "target_calls": gen.counters.get("target_calls", 0) - calls_before})
+                after = gen.counters
+                runs[(b, name)].append({"results": results, "wall_s": wall,
+                                        "events": last_events(gen, after.get("steps", 0) - before.get("steps", 0)),
+                                        "target_calls": after.get("target_calls", 0) - before.get("target_calls", 0)})
                 done += 1
                 if progress:
                     progress(done, total, f"repeat {r + 1}/{repeat}, batch {b}, {name}")

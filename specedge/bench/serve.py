@@ -4,8 +4,9 @@ At each concurrency level C (closed loop: C requests in flight, each next one se
 policy (a request's `extra_body={"speculation": ...}`), streamed requests measure time to first token, time per
 output token after the first (TPOT), inter-token latency (between chunks carrying text) and end-to-end time;
 a level reports request throughput, output tokens/s and p50 / p99 of the latencies, plus the mean accepted length
-the server reports. Policies alternate within each level, so drift hits them alike. The client's own CPU time is
-reported (client and server share the machine), and the server's when this process started it.
+the server reports. Policies alternate within each level (in reverse order on every other repeat), so drift hits
+them alike. The client's own CPU time is reported (client and server share the machine), and the server's when
+this process started it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specedge.bench.order import alternating
 from specedge.errors import SpecedgeError
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16)
@@ -153,7 +155,7 @@ async def _run(url, api_key, model, prompts, policies, levels, requests_per_leve
         for r in range(repeat):
             for c in levels:
                 n = requests_per_level or max(4, 2 * c)
-                for policy in policies:
+                for policy in alternating(policies, r):
                     server_cpu = _cpu_seconds(server_pid)
                     entry = await _level(client, model, prompts, policy, c, n, max_tokens, temperature, ignore_eos)
                     after = _cpu_seconds(server_pid)

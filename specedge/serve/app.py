@@ -298,21 +298,20 @@ class Service:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
     async def rejections_view(self, request: Request, started: float) -> Response:
-        def count(name: str, default: int) -> int:
-            value = request.query_params.get(name, str(default))
-            if not value.isdigit() or int(value) > 10_000:
-                raise invalid(f"'{name}' must be an integer between 0 and 10000", name)
-            return int(value)
-        return JSONResponse(self.rejections.snapshot(top=count("top", 20), recent=count("recent", 50)))
+        return JSONResponse(self.rejections.snapshot(top=_count(request, "top", 20, 10_000),
+                                                     recent=_count(request, "recent", 50, 10_000)))
 
     async def steps_view(self, request: Request, started: float) -> Response:
-        def count(name: str, default: int, most: int) -> int:
-            value = request.query_params.get(name, str(default))
-            if not value.isdigit() or int(value) > most:
-                raise invalid(f"'{name}' must be an integer between 0 and {most}", name)
-            return int(value)
-        return JSONResponse(self.steps.snapshot(recent=count("recent", 100, self.steps.kept),
-                                                after=count("after", 0, 2**62)))
+        return JSONResponse(self.steps.snapshot(recent=_count(request, "recent", 100, self.steps.kept),
+                                                after=_count(request, "after", 0, 2**62)))
+
+
+def _count(request: Request, name: str, default: int, most: int) -> int:
+    """A query parameter that must be an integer in 0 .. most (a 400 naming it otherwise)."""
+    value = request.query_params.get(name, str(default))
+    if not value.isdigit() or int(value) > most:
+        raise invalid(f"'{name}' must be an integer between 0 and {most}", name)
+    return int(value)
 
 
 def _client(request: Request) -> str:

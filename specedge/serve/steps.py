@@ -15,7 +15,8 @@ KEPT = 4096                     # as the scheduler's own event ring
 def step_view(index: int, ended: float, record) -> dict:
     """One StepRecord as JSON (seconds rounded to microseconds; `ended`: the step's end, Unix time)."""
     return {
-        "step": index, "ended": round(ended, 6), "batch": record.batch, "k": list(record.k), "accepted": list(record.accepted),
+        "step": index, "ended": round(ended, 6), "batch": record.batch,
+        "k": list(record.k), "accepted": list(record.accepted),
         "draft_calls": record.draft_calls, "catch_up_tokens": record.catch_up_tokens,
         "draft_s": round(record.draft_s, 6), "catch_up_s": round(record.catch_up_s, 6),
         "verify_s": round(record.verify_s, 6), "model_s": round(record.model_s, 6),

@@ -17,9 +17,11 @@ import statistics
 import threading
 import time
 
+from specedge.bench.batch import last_events
 from specedge.bench.order import alternating
 from specedge.prompts import BUILTIN_PROMPTS
 from specedge.runtime import load
+from specedge.serve.steps import step_view
 
 
 def cell(gen, policy: str, concurrency: int, n_requests: int, tokens: int) -> dict:
@@ -39,7 +41,7 @@ def cell(gen, policy: str, concurrency: int, n_requests: int, tokens: int) -> di
             with lock:
                 results.append(r)
 
-    before_events, before = len(gen.scheduler.events), dict(gen.counters)
+    before = gen.counters
     t = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(concurrency)]
     for th in threads:
@@ -47,21 +49,25 @@ def cell(gen, policy: str, concurrency: int, n_requests: int, tokens: int) -> di
     for th in threads:
         th.join()
     wall = time.perf_counter() - t
-    events = list(gen.scheduler.events)[before_events:]
-    after = dict(gen.counters)
+    after = gen.counters
+    steps = [step_view(e) for e in last_events(gen, after.get("steps", 0) - before.get("steps", 0))]
     n_tokens = sum(len(r.tokens) for r in results)
-    ks = [max(e.k, default=0) for e in events]
-    steps = [{"batch": e.batch, "k": list(e.k), "draft_calls": e.draft_calls, "catch_up_tokens": e.catch_up_tokens,
-              "draft_s": round(e.draft_s, 5), "verify_s": round(e.verify_s, 5), "verify_tokens": e.verify_tokens}
-             for e in events]
     return steps, {
-        "tok_per_s": n_tokens / wall, "wall_s": wall, "tokens": n_tokens,
-        "steps": len(events), "rows_mean": statistics.mean(e.batch for e in events) if events else 0,
-        "k_pos_steps": sum(1 for k in ks if k), "draft_calls": sum(e.draft_calls for e in events),
-        "catch_up_tokens": sum(e.catch_up_tokens for e in events), "catch_up_s": sum(e.catch_up_s for e in events),
-        "draft_s": sum(e.draft_s for e in events), "verify_s": sum(e.verify_s for e in events),
+        "tok_per_s": n_tokens / wall, "wall_s": wall, "tokens": n_tokens, **step_totals(steps),
         "prefill_chunks": after.get("prefill_chunks", 0) - before.get("prefill_chunks", 0),
         "prefill_s": sum(r.stats.prefill_s for r in results),
+    }
+
+
+def step_totals(steps: list[dict]) -> dict:
+    """What a cell's steps (step_view dicts) did and cost, summed (serve_trace.py too)."""
+    return {
+        "steps": len(steps), "rows_mean": statistics.mean(s["batch"] for s in steps) if steps else 0.0,
+        "k_pos_steps": sum(1 for s in steps if max(s["k"], default=0)),
+        "draft_calls": sum(s["draft_calls"] for s in steps),
+        "catch_up_tokens": sum(s["catch_up_tokens"] for s in steps),
+        "catch_up_s": sum(s["catch_up_s"] for s in steps), "draft_s": sum(s["draft_s"] for s in steps),
+        "verify_s": sum(s["verify_s"] for s in steps), "model_s": sum(s["model_s"] for s in steps),
     }
 
 

@@ -14,12 +14,11 @@ repeats; --out keeps every step.
 
 import argparse
 import json
-import statistics
 import time
 
 import httpx
 
-from concurrent_trace import report             # experiments/ is on sys.path when run as a script
+from concurrent_trace import report, step_totals   # experiments/ is on sys.path when run as a script
 from specedge.bench.order import alternating
 from specedge.bench.runner import load_prompts
 from specedge.bench.serve import run_bench_serve, served
@@ -32,16 +31,7 @@ def steps_after(url: str, after: int) -> tuple[int, list[dict]]:
 
 def summary(steps: list[dict], tok_per_s: float, wall: float) -> dict:
     in_steps = sum(s["draft_s"] + s["verify_s"] for s in steps)
-    return {
-        "tok_per_s": tok_per_s, "wall_s": wall, "steps": len(steps),
-        "rows_mean": statistics.mean(s["batch"] for s in steps) if steps else 0.0,
-        "k_pos_steps": sum(1 for s in steps if max(s["k"], default=0)),
-        "draft_calls": sum(s["draft_calls"] for s in steps),
-        "catch_up_tokens": sum(s["catch_up_tokens"] for s in steps),
-        "catch_up_s": sum(s["catch_up_s"] for s in steps), "draft_s": sum(s["draft_s"] for s in steps),
-        "verify_s": sum(s["verify_s"] for s in steps), "model_s": sum(s["model_s"] for s in steps),
-        "outside_steps_s": wall - in_steps,
-    }
+    return {"tok_per_s": tok_per_s, "wall_s": wall, **step_totals(steps), "outside_steps_s": wall - in_steps}
 
 
 def main() -> None:

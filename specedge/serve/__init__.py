@@ -5,6 +5,7 @@ extra: starlette, uvicorn, prometheus-client). The runtime itself imports none o
     bridge.py     the asyncio event loop <-> the generator's worker thread
     protocol.py   request validation and mapping to runtime options; response objects
     metrics.py    Prometheus metrics        rejections.py   rejected-token analytics
+    steps.py      the recent decode steps, numbered (GET /v1/speculation/steps)
     server.py     uvicorn: foreground with SIGTERM drain, or in a thread (tests, bench-serve)
 """
 

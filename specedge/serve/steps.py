@@ -12,11 +12,11 @@ from collections import deque
 KEPT = 4096                     # as the scheduler's own event ring
 
 
-def step_view(index: int, ended: float, record) -> dict:
-    """One StepRecord as JSON (seconds rounded to microseconds; `ended`: the step's end, Unix time)."""
+def step_view(record, index: int | None = None, ended: float | None = None) -> dict:
+    """One StepRecord as JSON (seconds rounded to microseconds), with its number and end (Unix time) when given."""
+    numbered = {} if index is None else {"step": index, "ended": round(ended, 6)}
     return {
-        "step": index, "ended": round(ended, 6), "batch": record.batch,
-        "k": list(record.k), "accepted": list(record.accepted),
+        **numbered, "batch": record.batch, "k": list(record.k), "accepted": list(record.accepted),
         "draft_calls": record.draft_calls, "catch_up_tokens": record.catch_up_tokens,
         "draft_s": round(record.draft_s, 6), "catch_up_s": round(record.catch_up_s, 6),
         "verify_s": round(record.verify_s, 6), "model_s": round(record.model_s, 6),
@@ -26,8 +26,12 @@ def step_view(index: int, ended: float, record) -> dict:
 
 class StepLog:
     def __init__(self, kept: int = KEPT):
-        self.count, self.kept = 0, kept
+        self.count = 0
         self._recent: deque = deque(maxlen=kept)       # (index, end time, StepRecord); appended on the worker only
+
+    @property
+    def kept(self) -> int:
+        return self._recent.maxlen
 
     def observe_step(self, record) -> None:
         self.count += 1
@@ -37,4 +41,4 @@ class StepLog:
         """The last `recent` steps numbered above `after`, oldest first, and the count since start."""
         rows = [row for row in list(self._recent) if row[0] > after]      # list(): one copy under the GIL
         rows = rows[-recent:] if recent else []
-        return {"steps": self.count, "kept": self.kept, "recent": [step_view(*row) for row in rows]}
+        return {"steps": self.count, "kept": self.kept, "recent": [step_view(r, i, t) for i, t, r in rows]}

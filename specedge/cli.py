@@ -154,13 +154,16 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0))
 @click.option("--seed", default=None, type=SEED)
 @click.option("--repeat", default=1, show_default=True, type=POSITIVE)
+@click.option("--interleave", default="wave", show_default=True, type=click.Choice(["wave", "cell"]),
+              help="With --batch: run the configurations wave by wave, side by side (wave), or all of one "
+                   "configuration's waves at a size before the next's (cell).")
 @click.option("--out", default="bench-out", show_default=True, type=click.Path(file_okay=False))
 @threads_option
 @backend_option
 @gpu_options
 @target_rows_option
-def bench(bundle, prompts_file, policies, batches, max_new_tokens, temperature, seed, repeat, out, threads, backend,
-          device_id, cuda_graphs, target_rows):
+def bench(bundle, prompts_file, policies, batches, max_new_tokens, temperature, seed, repeat, interleave, out, threads,
+          backend, device_id, cuda_graphs, target_rows):
     """Run every policy on the same prompts, side by side, and report acceptance, speed and time split."""
     from specedge.bench import load_prompts, parse_batches, run_bench, run_batch_bench
     from specedge.bench.report import batch_plots, batch_table, plots, table
@@ -189,7 +192,7 @@ def bench(bundle, prompts_file, policies, batches, max_new_tokens, temperature, 
         text, draw = table(results), plots
     else:
         results = run_batch_bench(gen, prompts, names, sizes, max_new_tokens=max_new_tokens, temperature=temperature,
-                                  seed=seed, repeat=repeat, progress=progress)
+                                  seed=seed, repeat=repeat, progress=progress, interleave=interleave)
         text, draw = batch_table(results), batch_plots
     path = write_results(results, out)
     click.echo(text)

@@ -2,6 +2,7 @@
 
 import json
 import math
+import statistics
 
 import pytest
 
@@ -163,16 +164,91 @@ def test_batch_bench_keeps_each_cells_steps_once_the_event_ring_is_full(standard
     gen.scheduler.events = deque(maxlen=6)                   # full after the warm-up
     prompts = [{"prompt": "ab"}, {"prompt": "xyz"}]
     results = run_batch_bench(gen, prompts, ["fixed:4"], [1, 2], max_new_tokens=12, repeat=2)
-    for b in ("1", "2"):
+    for b, waves in (("1", 2), ("2", 1)):          # the last 6 steps of each wave (>= 11 steps), 2 repeats
         fixed, target = results["batches"][b]["fixed:4"], results["batches"][b]["target"]
-        assert fixed["k_mean"] >= 1 and 0 < len(fixed["k_per_step"]) <= 2 * 6, fixed["k_per_step"]
-        assert target["k_mean"] == 0 and len(target["k_per_step"]) == 2 * 6
+        assert fixed["k_mean"] >= 1 and 0 < len(fixed["k_per_step"]) <= 2 * waves * 6, fixed["k_per_step"]
+        assert target["k_mean"] == 0 and len(target["k_per_step"]) == 2 * waves * 6
+
+
+@pytest.mark.parametrize("interleave", ["wave", "cell"])
+def test_batch_bench_interleaves_configurations_wave_by_wave(standard_bundles, interleave):
+    """--interleave wave: every configuration's wave i runs before any configuration's wave i + 1, the order
+    reversing from wave to wave; cell: all of one configuration's waves, then the next's. Either way each
+    configuration's results are its requests in order, and vs_best_other is the per-repeat ratio."""
+    from specedge.bench.batch import run_batch_bench
+    from specedge.runtime import load
+
+    gen = load(standard_bundles["qwen2"], max_batch=2)
+    submitted = []
+    stream = gen.stream
+
+    def logged(prompt, **options):
+        submitted.append((options["policy"], prompt, options["max_new_tokens"]))
+        return stream(prompt, **options)
+
+    gen.stream = logged
+    prompts = [{"prompt": "ab"}, {"prompt": "xyz"}]
+    results = run_batch_bench(gen, prompts, ["fixed:4"], [1, 2], max_new_tokens=6, repeat=2, interleave=interleave)
+    measured = [(policy, prompt) for policy, prompt, n in submitted if n == 6]     # warm-up: 8 tokens
+    t, f = "target", "fixed:4"
+    if interleave == "wave":       # B = 1: 2 waves of one request; B = 2: one wave of both
+        expected = [(t, "ab"), (f, "ab"), (f, "xyz"), (t, "xyz"), (t, "ab"), (t, "xyz"), (f, "ab"), (f, "xyz"),
+                    (f, "ab"), (t, "ab"), (t, "xyz"), (f, "xyz"), (f, "ab"), (f, "xyz"), (t, "ab"), (t, "xyz")]
+    else:
+        expected = [(t, "ab"), (t, "xyz"), (f, "ab"), (f, "xyz"), (t, "ab"), (t, "xyz"), (f, "ab"), (f, "xyz"),
+                    (f, "ab"), (f, "xyz"), (t, "ab"), (t, "xyz"), (f, "ab"), (f, "xyz"), (t, "ab"), (t, "xyz")]
+    assert measured == expected
+    assert results["settings"]["interleave"] == interleave
+    for b in ("1", "2"):
+        cells = results["batches"][b]
+        assert cells["fixed:4"]["identical_to_target"] is True
+        assert len(cells["fixed:4"]["per_request_tokens"]) == 2
+        fixed, target = (cells[n]["aggregate_tok_per_s_per_repeat"] for n in ("fixed:4", "target"))
+        assert cells["fixed:4"]["vs_best_other_per_repeat"] == pytest.approx([a / b for a, b in zip(fixed, target)])
+        assert cells["target"]["vs_best_other"] == pytest.approx(
+            statistics.median(b / a for a, b in zip(fixed, target)))
+        waves = {n: cells[n]["wave_tok_per_s"] for n in ("fixed:4", "target")}
+        assert len(waves["target"]) == 2 * (2 if b == "1" else 1)            # 2 repeats of 2 or 1 waves
+        assert cells["fixed:4"]["paired"]["target"]["pairs"] == len(waves["target"])
+        assert cells["fixed:4"]["paired"]["target"]["ratio"] == pytest.approx(
+            math.exp(statistics.fmean(math.log(a / t) for a, t in zip(waves["fixed:4"], waves["target"]))))
+
+
+def test_batch_bench_refuses_an_unknown_interleave(standard_bundles):
+    from specedge.bench.batch import run_batch_bench
+    from specedge.runtime import load
+
+    with pytest.raises(OptionError, match="interleave must be one of wave, cell"):
+        run_batch_bench(load(standard_bundles["qwen2"], max_batch=2), [{"prompt": "ab"}], [], [1, 2],
+                        interleave="row")
 
 
 def test_benchmark_configurations_alternate_their_order_by_repeat():
     from specedge.bench.order import alternating
 
     assert [alternating(["a", "b", "c"], r) for r in range(3)] == [["a", "b", "c"], ["c", "b", "a"], ["a", "b", "c"]]
+
+
+def test_a_configuration_is_compared_with_the_best_other_repeat_by_repeat():
+    from specedge.bench.order import against_best
+
+    per_repeat = {"a": [10.0, 12.0, 9.0], "b": [11.0, 10.0, 9.5], "c": [8.0, 13.0, 9.0]}
+    assert against_best(per_repeat, "a")["vs_best_other_per_repeat"] == pytest.approx([10 / 11, 12 / 13, 9 / 9.5])
+    assert against_best(per_repeat, "a")["vs_best_other"] == pytest.approx(12 / 13)
+    assert against_best({"a": [1.0]}, "a") == {}
+
+
+def test_paired_ratio_is_the_geometric_mean_of_the_pairs_with_a_t_interval():
+    from specedge.bench.order import paired_ratio
+
+    got = paired_ratio([10.0, 20.0, 9.0], [10.0, 10.0, 10.0])
+    logs = [0.0, math.log(2.0), math.log(0.9)]
+    mean, half = statistics.fmean(logs), 4.303 * statistics.stdev(logs) / math.sqrt(3)
+    assert got["ratio"] == pytest.approx(math.exp(mean)) and got["pairs"] == 3
+    assert got["low"] == pytest.approx(math.exp(mean - half)) and got["high"] == pytest.approx(math.exp(mean + half))
+    # a constant ratio: no spread, so the interval closes on it
+    assert paired_ratio([9.0, 18.0], [10.0, 20.0]) == pytest.approx({"ratio": 0.9, "low": 0.9, "high": 0.9, "pairs": 2})
+    assert paired_ratio([9.0], [10.0])["low"] is None and paired_ratio([], []) == {}
 
 
 def test_bench_batches_cli(workdir, tmp_path, capsys):

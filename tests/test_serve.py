@@ -412,6 +412,9 @@ def test_bench_serve_writes_results_and_plots(server, tmp_path, capsys):
     assert entry["requests"] == 6 and entry["errors"] == 0 and entry["output_tok_per_s"] > 0
     per_repeat = entry["output_tok_per_s_per_repeat"]
     assert len(per_repeat) == 3 and entry["output_tok_per_s"] == sorted(per_repeat)[1]      # the median of 3
+    target = results["runs"]["target"]["2"]["output_tok_per_s_per_repeat"]
+    assert entry["vs_best_other_per_repeat"] == pytest.approx([a / b for a, b in zip(per_repeat, target)])
+    assert entry["vs_best_other"] == pytest.approx(sorted(a / b for a, b in zip(per_repeat, target))[1])
     assert entry["ttft_s"]["p50"] > 0 and entry["tpot_s"]["p99"] >= entry["tpot_s"]["p50"]
     assert (out / "serve_throughput.png").exists() and (out / "serve_tpot.png").exists()
     assert "TPOT p50" in capsys.readouterr().out

@@ -118,16 +118,39 @@ def plots(results: dict, out: Path) -> list[Path] | None:
     return written
 
 
+def percent_change(ratio: float | None) -> str:
+    return "" if ratio is None else f"{100 * (ratio - 1):+.1f}%"
+
+
+def _paired_text(configs: dict, name: str) -> str:
+    """'-1.2% (-3.0, +0.6)' against the best other configuration by median throughput, wave by wave."""
+    others = [n for n in configs if n != name]
+    if not others or not configs[name].get("paired"):
+        return ""
+    best = max(others, key=lambda n: configs[n]["aggregate_tok_per_s"])
+    pair = configs[name]["paired"].get(best) or {}
+    if not pair:
+        return ""
+    if pair.get("low") is None:
+        return percent_change(pair["ratio"])
+    return (f"{percent_change(pair['ratio'])} ({percent_change(pair['low'])[:-1]}, "
+            f"{percent_change(pair['high'])[:-1]})")
+
+
 def batch_table(results: dict) -> str:
+    """One row per (batch, configuration). 'vs best other': the median over repeats of the configuration's
+    throughput against the best other configuration's (by median) in the same repeat; 'paired, 95%': against
+    that configuration wave by wave, the geometric mean ratio and its 95% interval."""
     head = (f"{'batch':>5} {'config':<16} {'agg tok/s':>9} {'speedup':>8} {'per-seq tok/s':>13} {'acc len':>8} "
-            f"{'k mean':>7} {'tgt calls':>9} {'same':>5}")
+            f"{'k mean':>7} {'tgt calls':>9} {'same':>5} {'vs best other':>13} {'paired, 95%':>22}")
     lines = [head, "-" * len(head)]
     for b, configs in results["batches"].items():
         for name, e in configs.items():
             same = {True: "yes", False: "NO", None: "n/a"}[e["identical_to_target"]]
             lines.append(f"{b:>5} {name:<16} {e['aggregate_tok_per_s']:9.2f} {e['speedup']:7.2f}x "
                          f"{e['per_sequence_tok_per_s']:13.2f} {e['mean_accepted_length']:8.2f} {e['k_mean']:7.2f} "
-                         f"{e['target_calls']:9.0f} {same:>5}")
+                         f"{e['target_calls']:9.0f} {same:>5} {percent_change(e.get('vs_best_other')):>13} "
+                         f"{_paired_text(configs, name):>22}")
     cpu = results.get("machine", {}).get("cpu")
     if cpu:
         lines.append(f"cpu: {cpu}, {results['machine']['cpus']} logical cpus")

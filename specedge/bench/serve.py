@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specedge.bench.order import alternating
+from specedge.bench.order import against_best, alternating
+from specedge.bench.report import percent_change
 from specedge.errors import SpecedgeError
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16)
@@ -165,7 +166,12 @@ async def _run(url, api_key, model, prompts, policies, levels, requests_per_leve
                     if progress:
                         progress(done, total, f"{f'repeat {r + 1}/{repeat}, ' if repeat > 1 else ''}concurrency {c} "
                                               f"{policy}: {entry['output_tok_per_s']:.2f} tok/s, {entry['errors']} errors")
-        return model, {p: {str(c): median_entry(entries[(p, c)]) for c in levels} for p in policies}
+        runs = {p: {str(c): median_entry(entries[(p, c)]) for c in levels} for p in policies}
+        for c in levels:
+            per_repeat = {p: runs[p][str(c)]["output_tok_per_s_per_repeat"] for p in policies}
+            for p in policies:
+                runs[p][str(c)].update(against_best(per_repeat, p))
+        return model, runs
     finally:
         await client.close()
 
@@ -248,7 +254,8 @@ def table(results: dict) -> str:
             lines.append(f"{c:>4} {policy:<14} {e['request_throughput']:6.2f} {e['output_tok_per_s']:9.2f} "
                          f"{ms(e['ttft_s']['p50'])} {ms(e['ttft_s']['p99'])} {ms(e['tpot_s']['p50'])} "
                          f"{ms(e['tpot_s']['p99'])} {ms(e['itl_s']['p50'])[1:]} {ms(e['itl_s']['p99'])[1:]} "
-                         f"{e['mean_accepted_length']:7.2f} {e['errors']:>4} {100 * e['client_cpu_share']:9.1f}%")
+                         f"{e['mean_accepted_length']:7.2f} {e['errors']:>4} {100 * e['client_cpu_share']:9.1f}% "
+                         f"{percent_change(e.get('vs_best_other')):>13}")
     return "\n".join(lines)
 
 

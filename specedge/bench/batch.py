@@ -132,13 +132,14 @@ def run_batch_bench(gen, prompts: list[dict], configs: list[str], sizes: list[in
         table[str(b)] = {name: _summary(runs[(b, name)], runs[(b, "target")], temperature == 0.0) for name in configs}
         base_tps = table[str(b)]["target"]["aggregate_tok_per_s"]
         per_repeat = {name: entry["aggregate_tok_per_s_per_repeat"] for name, entry in table[str(b)].items()}
-        waves = {name: [x for run in runs[(b, name)] for x in run["wave_tok_per_s"]] for name in configs}
+        wave_rates = {name: [x for run in runs[(b, name)] for x in run["wave_tok_per_s"]] for name in configs}
         for name, entry in table[str(b)].items():
             entry["speedup"] = entry["aggregate_tok_per_s"] / base_tps if base_tps else 0.0
             entry.update(against_best(per_repeat, name))
             # wave by wave against every other configuration (pairs side by side only with interleave "wave")
-            entry["wave_tok_per_s"] = waves[name]
-            entry["paired"] = {other: paired_ratio(waves[name], waves[other]) for other in configs if other != name}
+            entry["wave_tok_per_s"] = wave_rates[name]
+            entry["paired"] = {other: paired_ratio(wave_rates[name], wave_rates[other])
+                               for other in configs if other != name}
     return {"batches": table, "sizes": sizes, "configs": configs, "machine": machine_info(gen),
             "memory": memory_report(gen.manifest, gen.max_batch),
             "bundle": {"path": str(gen.path), "max_draft": gen.max_draft},

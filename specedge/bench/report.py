@@ -125,16 +125,13 @@ def percent_change(ratio: float | None) -> str:
 def _paired_text(configs: dict, name: str) -> str:
     """'-1.2% (-3.0, +0.6)' against the best other configuration by median throughput, wave by wave."""
     others = [n for n in configs if n != name]
-    if not others or not configs[name].get("paired"):
-        return ""
-    best = max(others, key=lambda n: configs[n]["aggregate_tok_per_s"])
-    pair = configs[name]["paired"].get(best) or {}
+    best = max(others, key=lambda n: configs[n]["aggregate_tok_per_s"]) if others else None
+    pair = configs[name].get("paired", {}).get(best)
     if not pair:
         return ""
-    if pair.get("low") is None:
+    if pair["low"] is None:
         return percent_change(pair["ratio"])
-    return (f"{percent_change(pair['ratio'])} ({percent_change(pair['low'])[:-1]}, "
-            f"{percent_change(pair['high'])[:-1]})")
+    return f"{percent_change(pair['ratio'])} ({100 * (pair['low'] - 1):+.1f}, {100 * (pair['high'] - 1):+.1f})"
 
 
 def batch_table(results: dict) -> str:

@@ -6,7 +6,7 @@ Each round runs the 8 built-in requests (prompts cycled) in waves of --batch, ev
 policy's wave i + 1, the order reversing from wave to wave (as bench's --interleave wave). Per wave: wall seconds,
 prefill, the decode steps' draft phase (catch-up included), verify phase, what is left (host work between
 steps), page faults of this process (major faults would mean weights read back from disk) and the CPU seconds
-of the kernel's kdamond threads (proactive reclaim on this machine), then the sums per policy.
+of the kernel's kdamond threads (proactive reclaim on this machine), then the sums per policy. --out writes the waves and every decode step (serve.steps.step_view) as JSON.
 """
 
 import argparse
@@ -39,17 +39,19 @@ def kdamond_cpu_s() -> float:
     return total
 
 
-def wave(gen, policy: str, batch: int, first: int, tokens: int) -> dict:
+def wave(gen, policy: str, batch: int, first: int, tokens: int) -> tuple[dict, list[dict]]:
+    """-> (the wave's sums, its decode steps as step_view dicts)"""
     options = dict(max_new_tokens=tokens, temperature=0.0, ignore_eos=True, policy=policy)
     before, usage, kd = gen.counters, resource.getrusage(resource.RUSAGE_SELF), kdamond_cpu_s()
     results, wall = run_together(gen, list(BUILTIN_PROMPTS), batch, options, None, first)
     after, usage_after = gen.counters, resource.getrusage(resource.RUSAGE_SELF)
-    totals = step_totals([step_view(e) for e in last_events(gen, after["steps"] - before["steps"])])
+    steps = [step_view(e) for e in last_events(gen, after["steps"] - before["steps"])]
+    totals = step_totals(steps)
     prefill = sum(r.stats.prefill_s for r in results)
     return {"wall_s": wall, "tokens": sum(len(r.tokens) for r in results), "prefill_s": prefill, **totals,
             "other_s": wall - prefill - totals["draft_s"] - totals["verify_s"],
             "major_faults": usage_after.ru_majflt - usage.ru_majflt,
-            "minor_faults": usage_after.ru_minflt - usage.ru_minflt, "kdamond_s": kdamond_cpu_s() - kd}
+            "minor_faults": usage_after.ru_minflt - usage.ru_minflt, "kdamond_s": kdamond_cpu_s() - kd}, steps
 
 
 def main() -> None:
@@ -65,18 +67,19 @@ def main() -> None:
     gen = load(args.bundle, max_batch=max(8, args.batch))
     for p in policies:                                         # warm-up, as bench's
         run_together(gen, list(BUILTIN_PROMPTS), REQUESTS, dict(max_new_tokens=8, ignore_eos=True, policy=p), None)
-    waves = {p: [] for p in policies}
+    waves, steps = {p: [] for p in policies}, {p: [] for p in policies}
     for r in range(args.rounds):
         for w, first in enumerate(range(0, REQUESTS, args.batch)):
             for p in alternating(policies, r + w):
-                row = wave(gen, p, args.batch, first, args.tokens)
+                row, wave_steps = wave(gen, p, args.batch, first, args.tokens)
                 waves[p].append(row)
+                steps[p].append(wave_steps)
                 print(f"round {r + 1} wave {w + 1} {p}: {json.dumps({k: round(v, 3) for k, v in row.items()})}",
                       flush=True)
     for p, rows in waves.items():
         print(f"{p} sum: {json.dumps({k: round(sum(x[k] for x in rows), 3) for k in rows[0]})}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "waves": waves}))
+        Path(args.out).write_text(json.dumps({"args": vars(args), "waves": waves, "steps": steps}))
 
 
 if __name__ == "__main__":

@@ -219,10 +219,11 @@ def test_adaptive_tells_whether_a_batch_size_would_speculate_without_changing_it
     _drive_batch(policy, 1, 60)
     _drive_batch(policy, 8, 80)
     _drive_batch(policy, 1, 30)
-    state = (policy.steps, policy.since_probe, policy.probing, policy.last_batch, policy.off, policy.probe_gap)
+    state = (policy.steps, dict(policy.since_probe), policy.probing, policy.last_batch, policy.off,
+             dict(policy.probe_gaps))
     assert policy.speculates_at(1) and not policy.speculates_at(8) and not policy.speculates_at(5)
     assert (policy.steps, policy.since_probe, policy.probing, policy.last_batch, policy.off,
-            policy.probe_gap) == state
+            policy.probe_gaps) == state
 
 
 def test_adaptive_catches_a_draft_up_only_when_the_tokens_left_repay_it():
@@ -236,3 +237,82 @@ def test_adaptive_catches_a_draft_up_only_when_the_tokens_left_repay_it():
     assert saved > 0
     needed = 100 * 0.001 / saved                                       # tokens left that repay 100 behind
     assert policy.catch_up_pays(100, int(needed) + 1) and not policy.catch_up_pays(100, int(needed) - 1)
+
+
+def _drive_rows(policy, batch: int, steps: int, verify_s, draft_s, accept=lambda i: True, max_k=8) -> list[list[int]]:
+    """As the scheduler drives a shared policy: a probe drafts for `policy.probing` rows only, the verify call is
+    right-padded to the longest row. verify_s(B, T), draft_s(rows) are seconds. -> k per row, step by step."""
+    steps_k = []
+    for _ in range(steps):
+        k = policy.next_k(max_k, batch=batch)
+        rows = min(policy.probing, batch) if policy.probing else batch
+        ks = [k] * rows + [0] * (batch - rows) if k else [0] * batch
+        policy.observe_costs(k, draft_s(rows) * k, verify_s(batch, k + 1), batch * (k + 1), batch, rows if k else None)
+        for row_k in ks:
+            n = 0
+            while n < row_k and accept(n):
+                n += 1
+            policy.observe_acceptance(row_k, n)
+        steps_k.append(ks)
+    return steps_k
+
+
+def _cpu_like_verify(batch: int, t: int) -> float:
+    """Verify cost on the AVX2 EPYC with the int4 pair: at B = 1 extra tokens are nearly free, at B >= 2 about
+    linear in the call's tokens (B = 4: T = 2 costs 1.7x T = 1, measured 0.178 s against 0.105 s)."""
+    return 0.046 + 0.004 * (t - 1) if batch == 1 else 0.025 * batch * (1 + 0.7 * (t - 1))
+
+
+def test_adaptive_stops_probing_where_even_perfect_acceptance_cannot_pay():
+    """Every draft accepted, yet at B = 4 verifying 2 tokens a row costs 1.7x one and the draft costs per row:
+    once a probe has measured that, the policy waits its longest gap before the next one, while at B = 1 it
+    speculates. Before this it probed every 16 steps at B = 4, each probe a slower step and a draft catch-up."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    draft = lambda rows: 0.018 * rows                                 # noqa: E731
+    alone = _drive_rows(policy, 1, 40, _cpu_like_verify, draft)
+    assert sum(k[0] for k in alone[-10:]) >= 30                       # B = 1: speculation on, k >= 3
+    crowded = _drive_rows(policy, 4, 300, _cpu_like_verify, draft)
+    probes = [i for i, ks in enumerate(crowded) if any(ks)]
+    assert 1 <= len(probes) <= 3, probes                              # one to measure T = 2, one for the draft
+    assert all(sum(1 for k in crowded[i] if k) <= 2 for i in probes)  # a probe drafts for one or two rows, not 4
+    assert policy.costs.measured(4, 2) and policy.probe_gap(4) == policy.max_probe_gap
+    assert all(not any(ks) for ks in crowded[probes[-1] + 1:])
+
+
+def test_adaptive_probe_clock_is_per_batch_size():
+    """Waves of requests pass through B = 1 (speculation on) between long stretches at B = 4 (off): speculation
+    winning at B = 1 must not restart the probe clock at B = 4, which it did, probing there every 16 steps."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    draft = lambda rows: 0.018 * rows                                 # noqa: E731
+    verify = lambda b, t: 0.046 + 0.004 * (t - 1) if b == 1 else 0.025 * b * t + 0.02 * (t - 1) * b  # noqa: E731
+    probes = 0
+    for _ in range(8):                                                # 8 waves
+        _drive_rows(policy, 1, 5, verify, draft)
+        probes += sum(1 for ks in _drive_rows(policy, 4, 50, verify, draft) if any(ks))
+    assert probes <= 3, probes
+
+
+def test_adaptive_measures_a_batch_size_before_every_row_speculates():
+    """Where verifying more tokens is nearly free (a GPU at small B) k > 0 wins at B = 4 on costs extrapolated
+    from the plain step alone: a probe (one or two rows) measures T = 2 there first, then every row speculates."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    flat = lambda b, t: 0.01 + 0.0005 * b * t                         # noqa: E731
+    draft = lambda rows: 0.001 + 0.0001 * rows                        # noqa: E731
+    _drive_rows(policy, 1, 30, flat, draft)
+    crowded = _drive_rows(policy, 4, 30, flat, draft)
+    first = next(i for i, ks in enumerate(crowded) if any(ks))
+    assert crowded[:first] == [[0] * 4] * first and first <= 2      # the plain step at B = 4 is measured first
+    assert 1 <= sum(1 for k in crowded[first] if k) <= 2             # then a probe
+    assert policy.costs.measured(4, 2)
+    assert all(min(ks) >= 2 for ks in crowded[-10:]), crowded         # then every row drafts
+
+
+def test_probe_drafts_two_rows_until_the_draft_is_timed_at_two_row_counts():
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    draft = lambda rows: 0.018 * rows                                 # noqa: E731
+    _drive_rows(policy, 1, 40, _cpu_like_verify, draft)
+    assert list(policy.costs.draft.seen) == [1]
+    crowded = _drive_rows(policy, 4, 40, _cpu_like_verify, draft)
+    probes = [ks for ks in crowded if any(ks)]
+    assert sum(1 for k in probes[0] if k) == 2 and sorted(policy.costs.draft.seen) == [1, 2]
+    assert all(sum(1 for k in ks if k) == 1 for ks in probes[1:])

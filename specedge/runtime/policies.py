@@ -200,12 +200,18 @@ class AdaptivePolicy(Policy):
     are not, and k shrinks to 0; it comes back when the batch shrinks. A position never tried yet borrows the
     estimate of the last tried one, and every `explore_every` steps it tries one more (then one fewer) than the
     best k, so the costs of other verify sizes and the acceptance of deeper positions get measured. While k = 0
-    wins it still probes with k = 1 after `probe_every` steps (one row of the batch: `probing`), to notice when
-    the draft or the load changed; at each batch size the plain step is measured before any k is weighed against
-    it; a probe after which k = 0 still wins doubles the wait (up to 16x: with a
-    useless draft the probes, and the draft catching up the text for them, were most of what it cost). Off, it
-    does not weigh the options again until the probe or a change of batch size (a plain step teaches it
-    nothing): a tiny model's step is a fraction of a millisecond, and the weighing itself would show.
+    wins it still probes with k = 1 after `probe_every` steps (`probing`: one row of the batch, two while the
+    draft's cost is known at one row count only), to notice when the draft or the load changed. Each batch size
+    keeps its own probe clock: a probe after which k = 0 still wins doubles the wait at that size (up to
+    `max_probe_gap` times: with a useless draft the probes, and the draft catching up the text for them, were
+    most of what it cost), and where even a draft accepted every time could not beat the plain step on the costs
+    measured there (on a CPU verifying 2 tokens a row at B = 4 costs 1.7x one) it waits the longest at once:
+    a probe teaches acceptance, and acceptance cannot change that verdict. At each batch size the plain step is
+    measured before any k is weighed against it, and a probe there measures what verifying 2 tokens a row costs
+    before every row speculates (extrapolated from the plain step alone it looked 1.5x and turned k = 2 on at
+    B = 4, where it lost). Off, it does not weigh the options again until the probe or a change of batch size
+    (a plain step teaches it nothing): a tiny model's step is a fraction of a millisecond, and the weighing itself
+    would show.
     The batch it weighs is the admitted load (the scheduler counts sequences still prefilling too); a joining
     sequence feeds its prompt to the draft only where k > 0 would win (speculates_at), and a draft that fell
     behind catches up only where the tokens left repay it (catch_up_pays, from the measured catch-up cost).
@@ -235,9 +241,10 @@ class AdaptivePolicy(Policy):
         self.tried = [prior_weight] * max_draft
         self.prior = (prior_accept * prior_weight, prior_weight)
         self.costs = costs or CostModel()
-        self.since_probe = 0
-        self.probe_gap, self.max_probe_gap = probe_every, max_probe_gap * probe_every
-        self.off, self.probing = False, False
+        self.since_probe: dict[int, int] = {}     # batch size -> plain steps there since its last probe
+        self.probe_gaps: dict[int, int] = {}      # batch size -> steps to wait between probes there
+        self.max_probe_gap = max_probe_gap * probe_every
+        self.off, self.probing = False, 0         # probing: rows the scheduler gives k = 1 this step (0: none)
         self.last_batch = 1
         self.plain_rate = None                    # tokens/s of one row at k = 0 and at the chosen k, last weighed
         self.catch_up_s_per_token = None          # what feeding a draft that fell behind costs, measured
@@ -268,14 +275,12 @@ class AdaptivePolicy(Policy):
 
     def next_k(self, max_k: int, batch: int = 1) -> int:
         max_k = min(max_k, self.max_draft)
-        probed, self.probing = self.probing, False
+        probed, self.probing = self.probing, 0
         if self.off and batch == self.last_batch and max_k >= 1 and not probed:
             # off and nothing learned since (k = 0 steps teach no acceptance): no need to weigh again until the probe
-            self.since_probe += 1
-            if self.since_probe < self.probe_gap:
-                return 0
-            self.since_probe, self.probing = 0, True
-            return 1
+            waited = self.since_probe.get(batch, 0) + 1
+            self.since_probe[batch] = waited
+            return 0 if waited < self.probe_gap(batch) else self._probe(batch)
         self.last_batch = batch
         costs = [self.step_cost(k, batch) for k in range(max_k + 1)]
         if max_k >= 1 and any(c is None for c in costs[1:]):
@@ -289,20 +294,38 @@ class AdaptivePolicy(Policy):
         best = self._best(rate)
         self.off = best == 0
         if best == 0:
-            if probed:                    # a probe that did not turn speculation on: wait twice as long (up to 4x)
-                self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap)
+            if self.costs.measured(batch, 2) and self._best(self._rates(costs, batch, perfect=True)) == 0:
+                self.probe_gaps[batch] = self.max_probe_gap
+            elif probed:
+                self.probe_gaps[batch] = min(2 * self.probe_gap(batch), self.max_probe_gap)
             return 0
-        self.probe_gap = self.probe_every
+        self.probe_gaps[batch] = self.probe_every
+        if batch > 1 and not self.costs.measured(batch, 2):
+            # k > 0 wins on extrapolated costs only: a probe measures them first (once; if it did not measure them,
+            # as when its row's draft was too far behind to catch up, the probe clock tries again later)
+            self.off = True
+            return 0 if probed else self._probe(batch)
         self.steps += 1
         if self.steps % self.explore_every == 0:
             self.explore_up = not self.explore_up
             return min(best + 1, max_k) if self.explore_up else max(best - 1, 1)
         return best
 
-    def _rates(self, costs: list[float], batch: int) -> list[float]:
-        """Committed tokens/s of the batch at each k."""
+    def probe_gap(self, batch: int) -> int:
+        return self.probe_gaps.get(batch, self.probe_every)
+
+    def _probe(self, batch: int) -> int:
+        """k = 1 for one row (two while the draft was timed at one row count only, so its growth with rows gets
+        measured rather than assumed): the scheduler reads `probing`."""
+        self.since_probe[batch] = 0
+        self.probing = 1 if batch == 1 or len(self.costs.draft.seen) >= 2 else 2
+        return 1
+
+    def _rates(self, costs: list[float], batch: int, perfect: bool = False) -> list[float]:
+        """Committed tokens/s of the batch at each k (perfect: as if every draft were accepted)."""
         expected, run, rate = 1.0, 1.0, []                       # E(k), built up position by position
-        for k, a in zip(range(len(costs)), [None] + self.acceptance()):
+        acceptance = [1.0] * self.max_draft if perfect else self.acceptance()
+        for k, a in zip(range(len(costs)), [None] + acceptance):
             if k:
                 run *= a
                 expected += run
@@ -324,7 +347,7 @@ class AdaptivePolicy(Policy):
         costs = [self.step_cost(k, batch) for k in range(self.max_draft + 1)]
         if any(c is None for c in costs) or not self.costs.measured(batch, 1):
             return batch == 1
-        return self._best(self._rates(costs, batch)) > 0
+        return self._best(self._rates(costs, batch)) > 0 and (batch == 1 or self.costs.measured(batch, 2))
 
     def catch_up_pays(self, behind: int, remaining: int) -> bool:
         """Feeding `behind` tokens costs about a draft prefill of them; speculating over the `remaining` tokens

@@ -172,8 +172,9 @@ class Scheduler:
 
     def _choose_k(self, rows: list[Sequence]) -> None:
         """One k per shared policy for its rows (given the batch), each row's own policy otherwise; capped per row.
-        A shared policy's probe (k = 1 while speculation is off) goes to one row only, the one in the lowest
-        slot: a probe is for learning, and it should not cost every row a draft call and a catch-up."""
+        A shared policy's probe (k = 1 while speculation is off) goes to the rows it asks for (`probing`: one, or
+        two) in the lowest slots: a probe is for learning, and it should not cost every row a draft call and a
+        catch-up."""
         caps = {id(s): s.k_cap(self.m.max_seq_len, self.m.max_draft) if s.drafter != "none" else 0 for s in rows}
         # the load is every admitted sequence, those still prefilling too: they join the decode steps within a few
         # chunks, and weighing k for the few rows already decoding turned speculation on (with a catch-up for each
@@ -186,11 +187,11 @@ class Scheduler:
                     cap = max(caps[id(r)] for r in rows if r.policy is s.policy)
                     shared[id(s.policy)] = s.policy.next_k(cap, batch=load) if cap else 0
                     if s.policy.probing:
-                        probe = next((r for r in rows if r.policy is s.policy and caps[id(r)]), None)
-                        shared[id(s.policy)] = (shared[id(s.policy)], probe)
+                        probes = [r for r in rows if r.policy is s.policy and caps[id(r)]][: s.policy.probing]
+                        shared[id(s.policy)] = (shared[id(s.policy)], probes)
                 k = shared[id(s.policy)]
                 if isinstance(k, tuple):
-                    k = k[0] if s is k[1] else 0
+                    k = k[0] if any(s is r for r in k[1]) else 0
             else:
                 k = s.policy.next_k(caps[id(s)]) if caps[id(s)] else 0
             s.k = min(k, caps[id(s)])

@@ -274,7 +274,7 @@ def _joined_while_off(gen, prompt, max_new_tokens):
     assert gen.counters.get("draft_calls", 0) == draft_calls          # the draft was not fed the prompt
     assert stream._seq.dft_pos == 0
     policy.off = False
-    policy.next_k = lambda max_k, batch=1: min(3, max_k)
+    policy.next_k = lambda max_k, batch=1, drafting=None: min(3, max_k)
     return stream
 
 
@@ -294,7 +294,7 @@ def test_while_speculation_is_off_the_draft_is_not_fed_and_catches_up_a_chunk_a_
     next(iter(stream))                                                 # both prefilled, first token committed
     assert stream._seq.dft_pos == 0                                    # the draft was not fed the prompt
     policy.off = False
-    policy.next_k = lambda max_k, batch=1: min(3, max_k)
+    policy.next_k = lambda max_k, batch=1, drafting=None: min(3, max_k)
     events_before = len(gen.events)
     assert stream.wait().tokens == expected
     other.wait()
@@ -328,6 +328,27 @@ def test_a_draft_too_far_behind_for_the_tokens_left_does_not_catch_up(batch_bund
     assert all(e.draft_calls == 0 and max(e.k) == 0 for e in _steps_after_joining_while_off(batch_bundles, 30))
 
 
+def test_a_prompt_goes_to_the_draft_only_where_the_tokens_asked_repay_feeding_it(batch_bundles):
+    """Feeding the draft a prompt costs about a draft prefill of it (timed, and learned as the cost a token of
+    feeding a draft); where the tokens asked would not repay it (on the int4 pair a draft prefill is half the
+    target's, and at B = 2 speculating saved less than that over 64 tokens) the draft is not fed, the row does
+    not draft, and its output is still the target's."""
+    gen = load(batch_bundles["qwen2"], max_batch=2)
+    prompt = "y" * 100 + " = 2\n"
+    expected = gen.generate(prompt, max_new_tokens=20, ignore_eos=True, policy="target").tokens
+    gen.generate(PROMPTS[0], max_new_tokens=16, ignore_eos=True, policy="adaptive")   # creates the shared policy
+    policy = gen.shared_policy("adaptive")
+    assert policy.catch_up_s_per_token is not None                    # the prompt fed to the draft was timed
+    asked = []
+    policy.speculates_at = lambda batch: True                          # speculation would win: only the cost decides
+    policy.catch_up_pays = lambda behind, remaining, batch=None: asked.append((behind, remaining)) and False
+    draft_calls = gen.counters.get("draft_calls", 0)
+    stream = gen.stream(prompt, max_new_tokens=20, ignore_eos=True, policy="adaptive")
+    assert stream.wait().tokens == expected
+    assert stream._seq.dft_pos == 0 and gen.counters.get("draft_calls", 0) == draft_calls
+    assert asked[0] == (len(stream._seq.prompt_ids), 20)
+
+
 def test_adaptive_weighs_k_for_every_admitted_sequence_while_some_still_prefill(batch_bundles):
     """A batch ramps up: rows decode while others still prefill, chunk by chunk. The shared policy weighs k for
     the whole admitted load, not the few rows already decoding (which turned speculation on, and a catch-up for
@@ -337,7 +358,7 @@ def test_adaptive_weighs_k_for_every_admitted_sequence_while_some_still_prefill(
     policy = gen.shared_policy("adaptive")
     asked = []
     weigh = policy.next_k
-    policy.next_k = lambda max_k, batch=1: asked.append(batch) or weigh(max_k, batch=batch)
+    policy.next_k = lambda max_k, batch=1, drafting=None: asked.append(batch) or weigh(max_k, batch, drafting)
     events_before = len(gen.events)
     long_prompts = ["x" * 150 + " = 1\n", "y" * 150 + " = 2\n", "z" * 150 + " = 3\n"]
     together(gen, [(p, dict(max_new_tokens=12, ignore_eos=True, policy="adaptive")) for p in long_prompts])

@@ -316,3 +316,44 @@ def test_probe_drafts_two_rows_until_the_draft_is_timed_at_two_row_counts():
     probes = [ks for ks in crowded if any(ks)]
     assert sum(1 for k in probes[0] if k) == 2 and sorted(policy.costs.draft.seen) == [1, 2]
     assert all(sum(1 for k in ks if k) == 1 for ks in probes[1:])
+
+
+def _one_drafting_row_loses(b: int, t: int) -> float:
+    """Verify seconds where each extra token a row costs 0.6 of a plain step at B = 2 (0.1 at B = 1): with every
+    draft accepted, both rows drafting beat the plain step at B = 2 and one row drafting does not."""
+    return 0.05 * (1 + 0.1 * (t - 1)) if b == 1 else 0.05 * b * (1 + 0.6 * (t - 1))
+
+
+def test_adaptive_weighs_rows_that_cannot_draft_as_committing_one_token():
+    """A row whose draft was not fed its text rides along at k = 0 and still pays for the right-padded verify
+    call: weighed as if it drafted, speculation turned on at B = 2 for the other row and lost. Off for that
+    reason alone, a joining sequence is still fed (as if all drafted), and the policy weighs again once the
+    count of rows that can draft changes, without waiting for a probe."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    draft = lambda rows: 0.004 * rows                                 # noqa: E731
+    _drive_rows(policy, 1, 30, _one_drafting_row_loses, draft)
+    _drive_rows(policy, 2, 40, _one_drafting_row_loses, draft)
+    assert policy.next_k(8, batch=2, drafting=2) >= 1
+    assert policy.next_k(8, batch=2, drafting=1) == 0 and policy.off
+    assert policy.speculates_at(2)
+    assert policy.next_k(8, batch=2, drafting=2) >= 1
+    assert policy.next_k(8, batch=2, drafting=0) == 0
+
+
+def test_feeding_a_draft_is_weighed_at_the_batch_size_it_joins():
+    """What feeding a draft its missing text (a prompt, or what it missed) saves is read off the per-row rates at
+    the batch size the row is in: at B = 2 speculation gains less a token than alone, so it takes more tokens
+    to go to repay the same 100; a size never measured falls back to no more behind than left."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    draft = lambda rows: 0.004 * rows                                 # noqa: E731
+    _drive_rows(policy, 2, 40, _one_drafting_row_loses, draft)
+    _drive_rows(policy, 1, 30, _one_drafting_row_loses, draft)
+    policy.observe_catch_up(64, 0.64)                                 # 10 ms a token
+    needed = {}
+    for b in (1, 2):
+        plain, best = policy._row_rates(b)
+        needed[b] = 100 * 0.01 / (1 / plain - 1 / best)
+        assert policy.catch_up_pays(100, int(needed[b]) + 1, batch=b)
+        assert not policy.catch_up_pays(100, int(needed[b]) - 1, batch=b)
+    assert needed[2] > 1.2 * needed[1], needed
+    assert policy.catch_up_pays(100, 100, batch=8) and not policy.catch_up_pays(100, 99, batch=8)

@@ -21,7 +21,9 @@ class Policy:
     off = False                       # True: speculation is switched off for now (adaptive), the draft is not fed
     name = "policy"
 
-    def next_k(self, max_k: int, batch: int = 1) -> int:
+    def next_k(self, max_k: int, batch: int = 1, drafting: int | None = None) -> int:
+        """batch: the load (admitted sequences); drafting: how many of them would draft (None: all), for a shared
+        policy: a row whose draft lacks text that would not pay to feed rides along at k = 0."""
         raise NotImplementedError
 
     def observe_acceptance(self, k: int, n_accepted: int) -> None:
@@ -51,9 +53,11 @@ class Policy:
         joining such a batch feeds its prompt to the draft only then."""
         return not self.off
 
-    def catch_up_pays(self, behind: int, remaining: int) -> bool:
-        """Whether feeding a draft the `behind` tokens it missed pays for a row with `remaining` tokens to go."""
-        return behind <= remaining
+    def catch_up_pays(self, behind: int, remaining: int, batch: int | None = None) -> bool:
+        """Whether feeding a draft the `behind` tokens it lacks (a prompt, or text it missed) pays for a row with
+        `remaining` tokens to go, in a batch of this size (None: the one weighed last). A policy that does not
+        weigh costs always feeds it: fixed:4 drafts 4 whatever a prompt costs."""
+        return True
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         pass
@@ -63,7 +67,7 @@ class FixedPolicy(Policy):
     def __init__(self, k: int):
         self.k, self.name = k, f"fixed:{k}"
 
-    def next_k(self, max_k: int, batch: int = 1) -> int:
+    def next_k(self, max_k: int, batch: int = 1, drafting: int | None = None) -> int:
         return min(self.k, max_k)
 
 
@@ -75,7 +79,7 @@ class HeuristicPolicy(Policy):
     def __init__(self, start: int = 5, limit: int = 8):
         self.k, self.limit = start, limit
 
-    def next_k(self, max_k: int, batch: int = 1) -> int:
+    def next_k(self, max_k: int, batch: int = 1, drafting: int | None = None) -> int:
         return min(self.k, max_k, self.limit)
 
     def observe_acceptance(self, k: int, n_accepted: int) -> None:
@@ -212,9 +216,12 @@ class AdaptivePolicy(Policy):
     B = 4, where it lost). Off, it does not weigh the options again until the probe or a change of batch size
     (a plain step teaches it nothing): a tiny model's step is a fraction of a millisecond, and the weighing itself
     would show.
-    The batch it weighs is the admitted load (the scheduler counts sequences still prefilling too); a joining
-    sequence feeds its prompt to the draft only where k > 0 would win (speculates_at), and a draft that fell
-    behind catches up only where the tokens left repay it (catch_up_pays, from the measured catch-up cost).
+    The batch it weighs is the admitted load (the scheduler counts sequences still prefilling too), of which
+    `drafting` rows can draft: a joining sequence feeds its prompt to the draft only where k > 0 would win
+    (speculates_at) and the tokens it asks for repay the feeding (catch_up_pays, from the measured cost a token
+    of feeding a draft, prompts and catch-ups alike), a draft that fell behind catches up only where the tokens
+    left repay it, and a row that does not draft is weighed as committing one token a step while it pays for
+    the longer verify call.
     Near-ties between positive k go to the longer draft (acceptance comes in runs), but k > 0 must beat k = 0
     by more than the tie margin: the forgetting prior keeps a useless draft's acceptance estimate a little above
     zero, and with a cheap draft that alone would otherwise keep k = 1.
@@ -245,7 +252,7 @@ class AdaptivePolicy(Policy):
         self.probe_gaps: dict[int, int] = {}      # batch size -> steps to wait between probes there
         self.max_probe_gap = max_probe_gap * probe_every
         self.off, self.probing = False, 0         # probing: rows the scheduler gives k = 1 this step (0: none)
-        self.last_batch = 1
+        self.last_batch, self.last_drafting = 1, 1
         self.plain_rate = None                    # tokens/s of one row at k = 0 and at the chosen k, last weighed
         self.catch_up_s_per_token = None          # what feeding a draft that fell behind costs, measured
 
@@ -266,22 +273,26 @@ class AdaptivePolicy(Policy):
     def expected_accepted(self, k: int) -> float:
         return self.expected_tokens(k) - 1.0 if k else 0.0
 
-    def step_cost(self, k: int, batch: int = 1) -> float | None:
+    def step_cost(self, k: int, batch: int = 1, drafting: int | None = None) -> float | None:
         verify = self.costs.verify(batch * (k + 1), batch)
-        draft = self.costs.draft(batch) if k else 0.0
+        draft = self.costs.draft(drafting or batch) if k else 0.0
         if verify is None or draft is None:
             return None
         return verify + k * draft
 
-    def next_k(self, max_k: int, batch: int = 1) -> int:
+    def next_k(self, max_k: int, batch: int = 1, drafting: int | None = None) -> int:
         max_k = min(max_k, self.max_draft)
+        drafting = batch if drafting is None else min(drafting, batch)
         probed, self.probing = self.probing, 0
-        if self.off and batch == self.last_batch and max_k >= 1 and not probed:
+        if drafting == 0:
+            return 0                                               # no row can draft: nothing to weigh
+        if (self.off and batch == self.last_batch and drafting == self.last_drafting and max_k >= 1
+                and not probed):
             # off and nothing learned since (k = 0 steps teach no acceptance): no need to weigh again until the probe
             waited = self.since_probe.get(batch, 0) + 1
             self.since_probe[batch] = waited
             return 0 if waited < self.probe_gap(batch) else self._probe(batch)
-        self.last_batch = batch
+        self.last_batch, self.last_drafting = batch, drafting
         costs = [self.step_cost(k, batch) for k in range(max_k + 1)]
         if max_k >= 1 and any(c is None for c in costs[1:]):
             return min(self.warmup_k, max_k)                       # no cost estimates yet: measure first
@@ -289,8 +300,13 @@ class AdaptivePolicy(Policy):
             # the plain step at this batch size is the baseline every k is weighed against: measure it rather than
             # extrapolate it (a line through the verify sizes tried so far said it cost about what k = 4 cost)
             return 0
-        rate = self._rates(costs, batch)
-        self.rate, self.plain_rate = max(rate) / batch, rate[0] / batch
+        every = self._rates(costs, batch)                          # as if every row drafted: what one row gains
+        self.rate, self.plain_rate = max(every) / batch, every[0] / batch
+        if drafting < batch:
+            # the rows that do not draft still pay for the longer verify call (right-padded) and gain nothing
+            rate = self._rates([self.step_cost(k, batch, drafting) for k in range(max_k + 1)], batch, drafting=drafting)
+        else:
+            rate = every
         best = self._best(rate)
         self.off = best == 0
         if best == 0:
@@ -321,16 +337,26 @@ class AdaptivePolicy(Policy):
         self.probing = 1 if batch == 1 or len(self.costs.draft.seen) >= 2 else 2
         return 1
 
-    def _rates(self, costs: list[float], batch: int, perfect: bool = False) -> list[float]:
-        """Committed tokens/s of the batch at each k (perfect: as if every draft were accepted)."""
+    def _rates(self, costs: list[float], batch: int, perfect: bool = False, drafting: int | None = None) -> list[float]:
+        """Committed tokens/s of the batch at each k: `drafting` of its rows (None: all) draft, the others commit
+        one token a step (perfect: as if every draft were accepted)."""
+        drafting = batch if drafting is None else drafting
         expected, run, rate = 1.0, 1.0, []                       # E(k), built up position by position
         acceptance = [1.0] * self.max_draft if perfect else self.acceptance()
         for k, a in zip(range(len(costs)), [None] + acceptance):
             if k:
                 run *= a
                 expected += run
-            rate.append(batch * expected / costs[k] if costs[k] else -math.inf)
+            rate.append((drafting * expected + batch - drafting) / costs[k] if costs[k] else -math.inf)
         return rate
+
+    def _row_rates(self, batch: int) -> tuple[float, float] | None:
+        """(plain, best) tokens/s of one row at this batch size if every row drafted; None: not measured there."""
+        costs = [self.step_cost(k, batch) for k in range(self.max_draft + 1)]
+        if any(c is None for c in costs) or not self.costs.measured(batch, 1):
+            return None
+        rate = self._rates(costs, batch)
+        return rate[0] / batch, max(rate) / batch
 
     def _best(self, rate: list[float]) -> int:
         positive = max(rate[1:], default=-math.inf)
@@ -339,23 +365,31 @@ class AdaptivePolicy(Policy):
         return 0
 
     def speculates_at(self, batch: int) -> bool:
-        """The weighing of next_k at this batch size, without its side effects. Unweighed sizes: only a lone
-        sequence speculates from the start (it will measure); a batch measures its plain step first anyway, so a
-        joining prompt goes to the draft only once speculation has won at that size (else it catches up then)."""
-        if batch == self.last_batch:
+        """The weighing of next_k at this batch size with every row drafting, without its side effects. Unweighed
+        sizes: only a lone sequence speculates from the start (it will measure); a batch measures its plain step
+        first anyway, so a joining prompt goes to the draft only once speculation has won at that size (else it
+        catches up then). The size weighed last keeps its verdict unless some rows could not draft then (their
+        drafts were not fed their text): off for that reason alone, it is weighed again as if all drafted."""
+        if batch == self.last_batch and (not self.off or self.last_drafting == batch):
             return not self.off
         costs = [self.step_cost(k, batch) for k in range(self.max_draft + 1)]
         if any(c is None for c in costs) or not self.costs.measured(batch, 1):
             return batch == 1
         return self._best(self._rates(costs, batch)) > 0 and (batch == 1 or self.costs.measured(batch, 2))
 
-    def catch_up_pays(self, behind: int, remaining: int) -> bool:
-        """Feeding `behind` tokens costs about a draft prefill of them; speculating over the `remaining` tokens
-        saves 1/plain_rate - 1/rate seconds a token. Until a catch-up has been measured, and for a probe (off,
-        nothing is expected to be saved: the probe is what finds out): behind <= remaining."""
-        if self.catch_up_s_per_token is None or not self.plain_rate or not self.rate or self.rate <= self.plain_rate:
+    def catch_up_pays(self, behind: int, remaining: int, batch: int | None = None) -> bool:
+        """Feeding `behind` tokens (a prompt, or text missed while off) costs about a draft prefill of them, at the
+        measured seconds a token; speculating over the `remaining` tokens saves 1/plain - 1/best seconds a token,
+        the per-row rates at this batch size (None: as last weighed). Until feeding has been measured, and for a
+        probe (off, nothing is expected to be saved: the probe is what finds out): behind <= remaining. A prompt
+        fed to the draft for 64 tokens at B = 2, where speculating gained 3% on the int4 pair, cost more (a draft
+        prefill is half a target prefill there) than it saved."""
+        plain, best = self.plain_rate, self.rate
+        if batch is not None and batch != self.last_batch:
+            plain, best = self._row_rates(batch) or (None, None)
+        if self.catch_up_s_per_token is None or not plain or not best or best <= plain:
             return behind <= remaining
-        saved = 1.0 / self.plain_rate - 1.0 / self.rate
+        saved = 1.0 / plain - 1.0 / best
         return remaining * saved >= behind * self.catch_up_s_per_token
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:

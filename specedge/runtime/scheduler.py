@@ -127,12 +127,17 @@ class Scheduler:
         final = s.prefilled + len(chunk) == len(s.prompt_ids)
         t = time.perf_counter()
         out = self.m.target.run([s.prefilled], [chunk], [1], lo=s.slot, want="ids" if s.warp.greedy else "logits")[0]
-        # the draft gets the prompt only if the policy would speculate in the batch this sequence joins: else it
-        # catches up once speculation is on (batch_step.catch_up), and a useless draft, or a batch too large for
-        # speculation to pay, costs nothing per request
+        # the draft gets the prompt only if the policy would speculate in the batch this sequence joins and the
+        # tokens it wants repay feeding the rest of the prompt: else it catches up once that pays
+        # (batch_step.catch_up), and a useless draft, a batch too large for speculation to pay, or a long prompt
+        # for a short answer costs nothing per request
+        load = len(self.running)
         if (s.uses_draft_model and self.m.draft is not None and s.dft_pos == s.prefilled
-                and s.policy.speculates_at(len(self.running))):
+                and s.policy.speculates_at(load)
+                and s.policy.catch_up_pays(len(s.prompt_ids) - s.prefilled, s.opts.max_new_tokens, load)):
+            fed = time.perf_counter()
             self.m.draft.run([s.prefilled], [chunk], [0], lo=s.slot, want="ids")
+            s.policy.observe_catch_up(len(chunk), time.perf_counter() - fed)
             s.dft_pos = s.prefilled + len(chunk)
         self.counters["prefill_chunks"] += 1
         s.prefilled += len(chunk)
@@ -184,10 +189,17 @@ class Scheduler:
         for s in rows:
             if s.policy.shared:
                 if id(s.policy) not in shared:
-                    cap = max(caps[id(r)] for r in rows if r.policy is s.policy)
-                    shared[id(s.policy)] = s.policy.next_k(cap, batch=load) if cap else 0
+                    mine = [r for r in rows if r.policy is s.policy and caps[id(r)]]
+                    ready = [r for r in mine if self._can_draft(r, load)]
+                    # a sequence still prefilling drafts once it decodes if its draft is being fed the prompt
+                    drafting = len(ready) + sum(1 for j in self.running if j.policy is s.policy
+                                                and j.prefilled < len(j.prompt_ids)
+                                                and (not j.uses_draft_model or j.dft_pos == j.prefilled))
+                    shared[id(s.policy)] = s.policy.next_k(max(caps[id(r)] for r in mine), batch=load,
+                                                           drafting=drafting) if mine else 0
                     if s.policy.probing:
-                        probes = [r for r in rows if r.policy is s.policy and caps[id(r)]][: s.policy.probing]
+                        # rows whose drafts hold their text first: a probe should not pay a catch-up if it can help it
+                        probes = (ready + [r for r in mine if all(r is not q for q in ready)])[: s.policy.probing]
                         shared[id(s.policy)] = (shared[id(s.policy)], probes)
                 k = shared[id(s.policy)]
                 if isinstance(k, tuple):
@@ -195,6 +207,13 @@ class Scheduler:
             else:
                 k = s.policy.next_k(caps[id(s)]) if caps[id(s)] else 0
             s.k = min(k, caps[id(s)])
+
+    def _can_draft(self, s: Sequence, load: int) -> bool:
+        """Whether s's draft holds its text, or would be fed what it lacks this step (batch_step.draft_phase
+        weighs the same)."""
+        behind = len(s.tokens) - s.dft_pos
+        return (not s.uses_draft_model or behind <= 2
+                or s.policy.catch_up_pays(behind, s.opts.max_new_tokens - s.n_new, load))
 
     def _commit(self, s: Sequence, new: list[int]) -> None:
         """Appends a step's tokens: cut at max_new_tokens and eos, decode, stop strings, hand them to the caller."""

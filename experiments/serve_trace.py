@@ -6,10 +6,12 @@ counterpart of concurrent_trace.py).
         [--tokens 64] [--out trace.json]
 
 A cell is bench-serve's (max(4, 2 x concurrency) streamed greedy requests of the built-in prompts, output tokens
-over wall time); policies alternate within each repeat (reversed on every other). Per cell: steps, rows per
-step, steps with k > 0, draft calls, catch-up tokens and seconds, time in the draft and verify phases and inside
-model calls, and the cell's wall time not spent in decode steps (prefill chunks, HTTP, waiting). Medians over
-repeats; --out keeps every step.
+over wall time), run as bench-serve runs them: one unmeasured request per policy, then the cells back to back on
+a server with bench-serve's --max-batch (before 2026-12-06 every cell here followed a warm-up request of its
+own, and the server had --max-batch 8); policies alternate within each repeat (reversed on every other). Per
+cell: steps, rows per step, steps with k > 0, draft calls, catch-up tokens and seconds, time in the draft and
+verify phases and inside model calls, and the cell's wall time not spent in decode steps (prefill chunks, HTTP,
+waiting). Medians over repeats; --out keeps every step.
 """
 
 import argparse
@@ -45,17 +47,17 @@ def main() -> None:
     args = parser.parse_args()
     policies, prompts, c = args.policies.split(","), load_prompts(None), args.concurrency
     cells, logs = {p: [] for p in policies}, {p: [] for p in policies}
-    with served(args.bundle, 8) as (url, _):
-        run_bench_serve(url, prompts, policies, [1], max_tokens=8)            # warm-up, not measured
+    with served(args.bundle, c) as (url, _):                  # --max-batch as bench-serve picks it
+        # as bench-serve: one unmeasured request per policy, then the cells back to back (a warm-up request of each
+        # cell's own, at concurrency 1, would put the shared policy back at B = 1 before every cell)
+        run_bench_serve(url, prompts, policies, [1], requests_per_level=1, max_tokens=args.tokens, warm_up=False)
         seen, _ = steps_after(url, 0)
         for r in range(args.repeat):
             for p in alternating(policies, r):
-                res = run_bench_serve(url, prompts, [p], [c], max_tokens=args.tokens)
+                res = run_bench_serve(url, prompts, [p], [c], max_tokens=args.tokens, warm_up=False)
                 returned = time.time()
                 entry = res["runs"][p][str(c)]
-                # run_bench_serve's own warm-up request (one, at concurrency 1) comes first: keep the steps that
-                # ended within the cell's wall time
-                seen, steps = steps_after(url, seen)
+                seen, steps = steps_after(url, seen)                 # those that ended within the cell's wall time
                 steps = [s for s in steps if s["ended"] >= returned - entry["wall_s"]]
                 cell = summary(steps, entry["output_tok_per_s"], entry["wall_s"])
                 cells[p].append(cell)

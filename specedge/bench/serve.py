@@ -136,7 +136,7 @@ def median_entry(entries: list[dict]) -> dict:
 
 
 async def _run(url, api_key, model, prompts, policies, levels, requests_per_level, max_tokens, temperature,
-               ignore_eos, server_pid, progress, repeat=1):
+               ignore_eos, server_pid, progress, repeat=1, warm_up=True):
     from openai import APIError, AsyncOpenAI
 
     client = AsyncOpenAI(base_url=url, api_key=api_key or "-", max_retries=0, timeout=600.0)
@@ -149,7 +149,7 @@ async def _run(url, api_key, model, prompts, policies, levels, requests_per_leve
             if not models.data:
                 raise SpecedgeError(f"{url} serves no model")
             model = models.data[0].id
-        for policy in policies:                       # warm-up, not measured (adaptive learns costs here)
+        for policy in policies if warm_up else ():   # warm-up, not measured (adaptive learns costs here)
             await _level(client, model, prompts, policy, 1, 1, max_tokens, temperature, ignore_eos)
         entries = {(p, c): [] for p in policies for c in levels}
         total, done = repeat * len(levels) * len(policies), 0
@@ -179,11 +179,12 @@ async def _run(url, api_key, model, prompts, policies, levels, requests_per_leve
 def run_bench_serve(url: str, prompts: list[dict], policies=DEFAULT_POLICIES, levels=DEFAULT_LEVELS,
                     requests_per_level: int | None = None, max_tokens: int = 64, temperature: float = 0.0,
                     ignore_eos: bool = True, api_key: str | None = None, model: str | None = None,
-                    server_pid: int | None = None, progress=None, repeat: int = 1) -> dict:
+                    server_pid: int | None = None, progress=None, repeat: int = 1, warm_up: bool = True) -> dict:
     """-> results (see the module docstring); url is the server's base URL ending in /v1. repeat > 1 runs every
-    (concurrency, policy) cell that many times, interleaved, and reports medians (median_entry)."""
+    (concurrency, policy) cell that many times, interleaved, and reports medians (median_entry). warm_up=False
+    skips the unmeasured request per policy (a caller running one cell at a time on a warm server)."""
     model, runs = asyncio.run(_run(url, api_key, model, prompts, list(policies), list(levels), requests_per_level,
-                                   max_tokens, temperature, ignore_eos, server_pid, progress, repeat))
+                                   max_tokens, temperature, ignore_eos, server_pid, progress, repeat, warm_up))
     return {"url": url, "model": model, "policies": list(policies), "levels": list(levels), "repeat": repeat,
             "max_tokens": max_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
             "prompts": len(prompts), "runs": runs,

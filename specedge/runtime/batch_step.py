@@ -48,10 +48,19 @@ class StepRecord:
     predicted: float | None = None  # expected accepted drafts, as the policy predicted them
 
 
-def _timed(fn, *args, **kwargs):
+def timed(fn, *args, **kwargs):
     t = time.perf_counter()
     out = fn(*args, **kwargs)
     return out, time.perf_counter() - t
+
+
+def draft_ready(s: Sequence, batch: int | None = None) -> bool:
+    """Whether s's draft model holds s's text (at most the pending tokens missing), or feeding it what it lacks
+    pays for the tokens s still wants (Policy.catch_up_pays, at this batch size; None: as the policy last
+    weighed): catching up costs about a prefill of what it lacks, which a few speculative steps at the end of a
+    request may not repay."""
+    behind = len(s.tokens) - s.dft_pos
+    return behind <= 2 or s.policy.catch_up_pays(behind, s.opts.max_new_tokens - s.n_new, batch)
 
 
 def catch_up(m: Models, s: Sequence) -> float:
@@ -62,7 +71,7 @@ def catch_up(m: Models, s: Sequence) -> float:
     chunk = s.tokens[s.dft_pos:-1][: m.draft.max_step]
     if not chunk:
         return 0.0
-    _, seconds = _timed(m.draft.run, [s.dft_pos], [chunk], [0], lo=s.slot, want="ids")
+    _, seconds = timed(m.draft.run, [s.dft_pos], [chunk], [0], lo=s.slot, want="ids")
     s.dft_pos += len(chunk)
     return seconds
 
@@ -73,11 +82,7 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
     drafts = {id(s): lookup_for(s.drafter, s.tokens, s.k) if s.k else [] for s in rows}
     q_rows = {id(s): [] for s in rows}
     live = [s for s in rows if s.k and s.uses_draft_model and not drafts[id(s)]]
-    # a draft far behind (it was not fed while speculation was off) catches up only if the row's remaining tokens
-    # earn it back (Policy.catch_up_pays): catching up costs about a prefill of what it lacks, which a few
-    # speculative steps at the end of a request may not repay
-    live = [s for s in live if len(s.tokens) - s.dft_pos <= 2
-            or s.policy.catch_up_pays(len(s.tokens) - s.dft_pos, s.opts.max_new_tokens - s.n_new)]
+    live = [s for s in live if draft_ready(s)]   # a draft far behind catches up only where that pays
     alone = len(rows) == 1                     # no other row to stall: catch up all at once, and draft this step
     for s in live:
         while len(s.tokens) - s.dft_pos > 2:
@@ -98,7 +103,7 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
         hi = max(s.slot for s in live) + 1
         starts = [seq.dft_pos for seq in span[:hi]]
         tokens = [feed.get(id(seq), []) for seq in span[:hi]]
-        out, seconds = _timed(m.draft.run, starts, tokens, [1 if t else 0 for t in tokens],
+        out, seconds = timed(m.draft.run, starts, tokens, [1 if t else 0 for t in tokens],
                               want="logits" if sampled or any(s.policy.early_stop for s in live) else "ids")
         record.model_s += seconds
         record.draft_calls += 1
@@ -153,7 +158,7 @@ def speculative_step(m: Models, rows: list[Sequence], span: list[Sequence]) -> t
     tokens = [seq.tokens[seq.tgt_pos:] + drafts.get(id(seq), []) if seq.slot in by_slot else [] for seq in span[:hi]]
     last = [len(drafts.get(id(seq), [])) + 1 if seq.slot in by_slot else 0 for seq in span[:hi]]
     greedy = all(s.warp.greedy for s in rows)
-    out, seconds = _timed(m.target.run, starts, tokens, last, want="ids" if greedy else "logits")
+    out, seconds = timed(m.target.run, starts, tokens, last, want="ids" if greedy else "logits")
     record.model_s += seconds
     record.verify_rows, record.verify_tokens = hi, hi * max(len(t) for t in tokens)
     # 3. accept: the target decides every token; 4. rewind: positions only, stale slots are scratch

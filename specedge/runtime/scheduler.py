@@ -22,7 +22,7 @@ import time
 from collections import Counter, deque
 
 from specedge.errors import SpecedgeError
-from specedge.runtime.batch_step import Models, StepRecord, speculative_step
+from specedge.runtime.batch_step import Models, StepRecord, draft_ready, speculative_step, timed
 from specedge.runtime.sampling import draw
 from specedge.runtime.sequences import GenerationResult, Sequence
 
@@ -135,9 +135,8 @@ class Scheduler:
         if (s.uses_draft_model and self.m.draft is not None and s.dft_pos == s.prefilled
                 and s.policy.speculates_at(load)
                 and s.policy.catch_up_pays(len(s.prompt_ids) - s.prefilled, s.opts.max_new_tokens, load)):
-            fed = time.perf_counter()
-            self.m.draft.run([s.prefilled], [chunk], [0], lo=s.slot, want="ids")
-            s.policy.observe_catch_up(len(chunk), time.perf_counter() - fed)
+            _, seconds = timed(self.m.draft.run, [s.prefilled], [chunk], [0], lo=s.slot, want="ids")
+            s.policy.observe_catch_up(len(chunk), seconds)
             s.dft_pos = s.prefilled + len(chunk)
         self.counters["prefill_chunks"] += 1
         s.prefilled += len(chunk)
@@ -190,7 +189,7 @@ class Scheduler:
             if s.policy.shared:
                 if id(s.policy) not in shared:
                     mine = [r for r in rows if r.policy is s.policy and caps[id(r)]]
-                    ready = [r for r in mine if self._can_draft(r, load)]
+                    ready = {id(r) for r in mine if not r.uses_draft_model or draft_ready(r, load)}
                     # a sequence still prefilling drafts once it decodes if its draft is being fed the prompt
                     drafting = len(ready) + sum(1 for j in self.running if j.policy is s.policy
                                                 and j.prefilled < len(j.prompt_ids)
@@ -199,7 +198,7 @@ class Scheduler:
                                                            drafting=drafting) if mine else 0
                     if s.policy.probing:
                         # rows whose drafts hold their text first: a probe should not pay a catch-up if it can help it
-                        probes = (ready + [r for r in mine if all(r is not q for q in ready)])[: s.policy.probing]
+                        probes = sorted(mine, key=lambda r: id(r) not in ready)[: s.policy.probing]   # stable: slots
                         shared[id(s.policy)] = (shared[id(s.policy)], probes)
                 k = shared[id(s.policy)]
                 if isinstance(k, tuple):
@@ -207,13 +206,6 @@ class Scheduler:
             else:
                 k = s.policy.next_k(caps[id(s)]) if caps[id(s)] else 0
             s.k = min(k, caps[id(s)])
-
-    def _can_draft(self, s: Sequence, load: int) -> bool:
-        """Whether s's draft holds its text, or would be fed what it lacks this step (batch_step.draft_phase
-        weighs the same)."""
-        behind = len(s.tokens) - s.dft_pos
-        return (not s.uses_draft_model or behind <= 2
-                or s.policy.catch_up_pays(behind, s.opts.max_new_tokens - s.n_new, load))
 
     def _commit(self, s: Sequence, new: list[int]) -> None:
         """Appends a step's tokens: cut at max_new_tokens and eos, decode, stop strings, hand them to the caller."""

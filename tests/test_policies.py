@@ -4,6 +4,7 @@ import pytest
 
 from specedge.errors import OptionError
 from specedge.runtime.drafters import lookup, lookup_for
+from specedge.runtime.load_stretches import LoadStretches
 from specedge.runtime.policies import AdaptivePolicy, FixedPolicy, HeuristicPolicy, make_policy
 
 DRAFT_S, VERIFY_BASE_S, VERIFY_PER_TOKEN_S = 0.03, 0.25, 0.02     # a CPU-like regime: verify nearly flat
@@ -351,9 +352,74 @@ def test_feeding_a_draft_is_weighed_at_the_batch_size_it_joins():
     policy.observe_catch_up(64, 0.64)                                 # 10 ms a token
     needed = {}
     for b in (1, 2):
-        plain, best = policy._row_rates(b)
+        plain, best, _ = policy._row_rates(b)
         needed[b] = 100 * 0.01 / (1 / plain - 1 / best)
         assert policy.catch_up_pays(100, int(needed[b]) + 1, batch=b)
         assert not policy.catch_up_pays(100, int(needed[b]) - 1, batch=b)
     assert needed[2] > 1.2 * needed[1], needed
     assert policy.catch_up_pays(100, 100, batch=8) and not policy.catch_up_pays(100, 99, batch=8)
+
+
+def test_load_stretches_learn_how_long_the_load_stays_where_it_dropped():
+    clock = LoadStretches()
+    for b in [1, 2, 2, 2]:                                            # growing: nothing learned, nothing capped
+        clock.tick(b)
+    assert clock.steps_left(2) is None and clock.steps_left(1) is None
+    for b in [1, 1, 1, 2, 2]:                                         # dropped to 1 for 3 steps
+        clock.tick(b)
+    assert clock.mean_steps == {1: 3} and clock.steps_left(2) is None
+    assert clock.steps_left(1) == 3                                   # asked before the next drop's first step
+    for b in [1] * 5:                                                 # this stretch outlives the usual length
+        clock.tick(b)
+    assert clock.steps_left(1) == 5
+    clock.tick(2)
+    assert clock.mean_steps[1] == pytest.approx(0.7 * 3 + 0.3 * 5)
+
+
+def test_a_row_alone_between_requests_does_not_catch_up_for_the_few_steps_before_the_next_joins():
+    """At two clients a request ends and the next arrives 3 steps later: a lone row's draft, behind because
+    speculation was off at B = 2, caught up 20 tokens for a step or two at B = 1. Weighed against how long B = 1
+    lasted after earlier drops it does not pay, while the same catch-up for a lone request (B = 1 reached by
+    growing, no cap) and for a drop that outlives the usual stretch does."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    draft = lambda rows: 0.02 * rows                                  # noqa: E731
+    two = lambda i: i < 2                                             # noqa: E731 - two drafts accepted a step
+    _drive_rows(policy, 1, 30, _one_drafting_row_loses, draft, two)
+    _drive_rows(policy, 2, 40, _one_drafting_row_loses, draft, two)
+    policy.observe_catch_up(20, 0.4)                                  # 20 ms a token
+    plain, best, tokens = policy._row_rates(1)
+    needed = 20 * 0.02 / (1 / plain - 1 / best)                      # tokens to go that repay 20 behind
+    assert needed < 60 and tokens * 3 < needed
+    fresh = AdaptivePolicy(max_draft=8, probe_every=16)
+    _drive_rows(fresh, 1, 30, _one_drafting_row_loses, draft, two)
+    fresh.observe_catch_up(20, 0.4)
+    assert fresh.catch_up_pays(20, 60, batch=1)                       # lone requests: uncapped
+    for _ in range(4):                                                # requests end, B = 1 for 3 steps, B = 2 again
+        _drive_rows(policy, 1, 3, _one_drafting_row_loses, draft, two)
+        _drive_rows(policy, 2, 20, _one_drafting_row_loses, draft, two)
+    assert policy.stretches.mean_steps[1] == pytest.approx(3)
+    assert not policy.catch_up_pays(20, 60, batch=1)                 # about to drop to 1: 3 steps are not enough
+    _drive_rows(policy, 1, int(needed / tokens) + 2, _one_drafting_row_loses, draft, two)
+    assert policy.catch_up_pays(20, 60)                               # the other client went quiet: now it pays
+
+
+def test_a_narrow_win_is_checked_against_a_fresh_plain_step():
+    """The plain step is not measured while speculation is on. Measured in a slow burst (0.25 s where it costs
+    0.20), it made k = 1 win at B = 8 (16 tokens in 0.43 s against 8 in 0.25) and, never measured again, kept it
+    on after the burst. A narrow win re-measures the plain step once its measurement is `recheck_after` steps old,
+    and the estimates forget by steps gone by, so one fresh measurement turns speculation off."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    burst = [True]
+    verify = lambda b, t: (0.25 if burst[0] else 0.20) if t == 1 else 0.2 * (1 + 0.55 * (t - 1))  # noqa: E731
+    draft = lambda rows: 0.015 * rows                                 # noqa: E731
+    _drive_rows(policy, 1, 30, lambda b, t: 0.05 + 0.002 * t, draft)
+    during = _drive_rows(policy, 8, 40, verify, draft)
+    assert sum(1 for ks in during[-10:] if min(ks) >= 1) >= 9        # k > 0 won against the burst's plain step
+    burst[0] = False
+    after = _drive_rows(policy, 8, 80, verify, draft)
+    first_plain = next(i for i, ks in enumerate(after) if not any(ks))
+    assert first_plain <= policy.recheck_after
+    assert sum(1 for ks in after[first_plain:] if any(ks)) <= 3, after  # then off, apart from a probe or two
+    calm = AdaptivePolicy(max_draft=8, probe_every=16)                # a clear win is never interrupted
+    _drive_rows(calm, 1, 30, lambda b, t: 0.05 + 0.002 * t, draft)
+    assert all(min(ks) >= 1 for ks in _drive_rows(calm, 1, 100, lambda b, t: 0.05 + 0.002 * t, draft))

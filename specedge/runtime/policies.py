@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from specedge.errors import OptionError
+from specedge.runtime.load_stretches import LoadStretches
 
 
 class Policy:
@@ -94,19 +95,37 @@ class HeuristicPolicy(Policy):
 # exploration step measures a second size soon, after which the line through measured sizes decides.
 SINGLE_POINT_GROWTH = 0.5
 
+# Where the best k beats the plain step by less than this, the plain step is measured again once its last
+# measurement is `recheck_after` steps old: at B = 8 on the int4 pair k = 1 won on paper for 50 steps, against a
+# plain-step estimate taken in a slow burst, and lost 9%. Where speculation wins clearly (2.7x alone) it never is.
+RECHECK_MARGIN = 1.25
+
 
 @dataclass
 class CostCurve:
     """Seconds as a function of a size: an exponential average per size seen; an unseen size is read off the
     least-squares line through the seen ones (close to linear in tokens on a CPU), or with one size seen, a
-    prior halfway between free and proportional (SINGLE_POINT_GROWTH)."""
+    prior halfway between free and proportional (SINGLE_POINT_GROWTH).
+
+    The average forgets by the steps gone by since a size was last measured, not by its own samples (`now`: the
+    cost model's step clock): a size measured rarely (the plain step while speculation is on) keeps what it cost
+    when last seen, and on a shared machine that can be a slow burst; one such plain-step estimate, 247 ms against
+    a median of 204, kept k = 1 on for 50 steps at B = 8 where it lost 9%."""
 
     decay: float = 0.9
     seen: dict[int, float] = field(default_factory=dict)
+    when: dict[int, int] = field(default_factory=dict)   # size -> the step it was last measured at
     _line: tuple | None = None                       # (mean size, mean seconds, slope), refitted after observe
 
-    def observe(self, size: int, seconds: float) -> None:
-        self.seen[size] = _ema(self.seen.get(size), seconds, self.decay)
+    def observe(self, size: int, seconds: float, now: int | None = None) -> None:
+        old = self.seen.get(size)
+        if old is None:
+            self.seen[size] = seconds
+        else:
+            keep = self.decay ** max(1, now - self.when.get(size, now)) if now is not None else self.decay
+            self.seen[size] = keep * old + (1 - keep) * seconds
+        if now is not None:
+            self.when[size] = now
         self._line = None
 
     def __call__(self, size: int) -> float | None:
@@ -137,14 +156,23 @@ class CostModel:
     draft: CostCurve = field(default_factory=CostCurve)
     by_batch: dict[int, CostCurve] = field(default_factory=dict)     # B -> seconds over T
     by_tokens: CostCurve = field(default_factory=CostCurve)          # seconds over B x T
+    steps: int = 0                                                   # the clock the curves forget by
 
     def observe_draft(self, rows: int, seconds_per_step: float) -> None:
-        self.draft.observe(rows, seconds_per_step)
+        """After observe_verify of the same step."""
+        self.draft.observe(rows, seconds_per_step, self.steps)
 
     def observe_verify(self, tokens: int, seconds: float, batch: int = 1) -> None:
-        """tokens: the call's total tokens B x T."""
-        self.by_batch.setdefault(batch, CostCurve()).observe(tokens // batch, seconds)
-        self.by_tokens.observe(tokens, seconds)
+        """tokens: the call's total tokens B x T. One call a step: it advances the clock."""
+        self.steps += 1
+        self.by_batch.setdefault(batch, CostCurve()).observe(tokens // batch, seconds, self.steps)
+        self.by_tokens.observe(tokens, seconds, self.steps)
+
+    def age(self, batch: int, tokens_per_row: int) -> float:
+        """Steps since a verify of this shape was last measured (inf: never)."""
+        curve = self.by_batch.get(batch)
+        when = curve.when.get(tokens_per_row) if curve is not None else None
+        return math.inf if when is None else self.steps - when
 
     def measured(self, batch: int, tokens_per_row: int) -> bool:
         curve = self.by_batch.get(batch)
@@ -222,6 +250,9 @@ class AdaptivePolicy(Policy):
     of feeding a draft, prompts and catch-ups alike), a draft that fell behind catches up only where the tokens
     left repay it, and a row that does not draft is weighed as committing one token a step while it pays for
     the longer verify call.
+    The cost estimates forget by steps gone by (CostCurve), and where the best k beats the plain step by less than
+    RECHECK_MARGIN, the plain step is measured again once its measurement is `recheck_after` steps old: while
+    speculation is on nothing else measures it, and a narrow win taken against a slow burst would last.
     Near-ties between positive k go to the longer draft (acceptance comes in runs), but k > 0 must beat k = 0
     by more than the tie margin: the forgetting prior keeps a useless draft's acceptance estimate a little above
     zero, and with a cheap draft that alone would otherwise keep k = 1.
@@ -238,10 +269,11 @@ class AdaptivePolicy(Policy):
 
     def __init__(self, max_draft: int, prior_accept: float = 0.8, prior_weight: float = 1.0, forget: float = 0.97,
                  probe_every: int = 16, max_probe_gap: int = 16, explore_every: int = 4, warmup_k: int = 4, tie: float = 0.02,
-                 early_stop: bool = False, costs: CostModel | None = None):
+                 early_stop: bool = False, costs: CostModel | None = None, recheck_after: int = 32):
         self.max_draft, self.forget, self.probe_every, self.warmup_k = max_draft, forget, probe_every, warmup_k
         self.explore_every, self.steps, self.explore_up = explore_every, 0, True
         self.tie, self.early_stop, self.rate = tie, early_stop, None
+        self.recheck_after = recheck_after        # steps before a narrow win's plain-step estimate is measured again
         self.calibration = ConfidenceCalibration()
         self.observed = [0.0] * max_draft                             # decayed count of real tries
         self.accepted = [prior_accept * prior_weight] * max_draft    # pseudo-counts per position
@@ -254,6 +286,8 @@ class AdaptivePolicy(Policy):
         self.off, self.probing = False, 0         # probing: rows the scheduler gives k = 1 this step (0: none)
         self.last_batch, self.last_drafting = 1, 1
         self.plain_rate = None                    # tokens/s of one row at k = 0 and at the chosen k, last weighed
+        self.best_tokens = None                   # tokens a row commits a step at that best k
+        self.stretches = LoadStretches()          # how long the load stays at a size it dropped to
         self.catch_up_s_per_token = None          # what feeding a draft that fell behind costs, measured
 
     def acceptance(self) -> list[float]:
@@ -284,6 +318,7 @@ class AdaptivePolicy(Policy):
         max_k = min(max_k, self.max_draft)
         drafting = batch if drafting is None else min(drafting, batch)
         probed, self.probing = self.probing, 0
+        self.stretches.tick(batch)
         if drafting == 0:
             return 0                                               # no row can draft: nothing to weigh
         if (self.off and batch == self.last_batch and drafting == self.last_drafting and max_k >= 1
@@ -302,6 +337,7 @@ class AdaptivePolicy(Policy):
             return 0
         every = self._rates(costs, batch)                          # as if every row drafted: what one row gains
         self.rate, self.plain_rate = max(every) / batch, every[0] / batch
+        self.best_tokens = self.expected_tokens(every.index(max(every)))
         if drafting < batch:
             # the rows that do not draft still pay for the longer verify call (right-padded) and gain nothing
             rate = self._rates([self.step_cost(k, batch, drafting) for k in range(max_k + 1)], batch, drafting=drafting)
@@ -321,6 +357,9 @@ class AdaptivePolicy(Policy):
             # as when its row's draft was too far behind to catch up, the probe clock tries again later)
             self.off = True
             return 0 if probed else self._probe(batch)
+        if rate[best] < RECHECK_MARGIN * rate[0] and self.costs.age(batch, 1) > self.recheck_after:
+            # while speculation is on the plain step is not measured, and a narrow win rests on its last measurement
+            return 0
         self.steps += 1
         if self.steps % self.explore_every == 0:
             self.explore_up = not self.explore_up
@@ -350,13 +389,14 @@ class AdaptivePolicy(Policy):
             rate.append((drafting * expected + batch - drafting) / costs[k] if costs[k] else -math.inf)
         return rate
 
-    def _row_rates(self, batch: int) -> tuple[float, float] | None:
-        """(plain, best) tokens/s of one row at this batch size if every row drafted; None: not measured there."""
+    def _row_rates(self, batch: int) -> tuple[float, float, float] | None:
+        """(plain, best) tokens/s of one row at this batch size if every row drafted, and the tokens it commits a
+        step at that best k; None: not measured there."""
         costs = [self.step_cost(k, batch) for k in range(self.max_draft + 1)]
         if any(c is None for c in costs) or not self.costs.measured(batch, 1):
             return None
         rate = self._rates(costs, batch)
-        return rate[0] / batch, max(rate) / batch
+        return rate[0] / batch, max(rate) / batch, self.expected_tokens(rate.index(max(rate)))
 
     def _best(self, rate: list[float]) -> int:
         positive = max(rate[1:], default=-math.inf)
@@ -383,10 +423,16 @@ class AdaptivePolicy(Policy):
         the per-row rates at this batch size (None: as last weighed). Until feeding has been measured, and for a
         probe (off, nothing is expected to be saved: the probe is what finds out): behind <= remaining. A prompt
         fed to the draft for 64 tokens at B = 2, where speculating gained 3% on the int4 pair, cost more (a draft
-        prefill is half a target prefill there) than it saved."""
-        plain, best = self.plain_rate, self.rate
+        prefill is half a target prefill there) than it saved.
+        Where the batch has just shrunk to this size, the tokens that can repay it are also capped by how long the
+        load stayed at this size after earlier shrinks (LoadStretches) at the tokens a step the best k commits:
+        a lone row between two requests at two clients caught up 14-25 tokens for one or two speculative steps."""
+        plain, best, tokens = self.plain_rate, self.rate, self.best_tokens
         if batch is not None and batch != self.last_batch:
-            plain, best = self._row_rates(batch) or (None, None)
+            plain, best, tokens = self._row_rates(batch) or (None, None, None)
+        steps = self.stretches.steps_left(self.last_batch if batch is None else batch)
+        if steps is not None and tokens:
+            remaining = min(remaining, steps * tokens)
         if self.catch_up_s_per_token is None or not plain or not best or best <= plain:
             return behind <= remaining
         saved = 1.0 / plain - 1.0 / best

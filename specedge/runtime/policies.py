@@ -117,15 +117,11 @@ class CostCurve:
     when: dict[int, int] = field(default_factory=dict)   # size -> the step it was last measured at
     _line: tuple | None = None                       # (mean size, mean seconds, slope), refitted after observe
 
-    def observe(self, size: int, seconds: float, now: int | None = None) -> None:
-        old = self.seen.get(size)
-        if old is None:
-            self.seen[size] = seconds
-        else:
-            keep = self.decay ** max(1, now - self.when.get(size, now)) if now is not None else self.decay
-            self.seen[size] = keep * old + (1 - keep) * seconds
-        if now is not None:
-            self.when[size] = now
+    def observe(self, size: int, seconds: float, now: int = 0) -> None:
+        """now: the step clock (left at 0, the average decays per sample)."""
+        keep = self.decay ** max(1, now - self.when.get(size, now))
+        self.seen[size] = _ema(self.seen.get(size), seconds, keep)
+        self.when[size] = now
         self._line = None
 
     def __call__(self, size: int) -> float | None:
@@ -336,8 +332,7 @@ class AdaptivePolicy(Policy):
             # extrapolate it (a line through the verify sizes tried so far said it cost about what k = 4 cost)
             return 0
         every = self._rates(costs, batch)                          # as if every row drafted: what one row gains
-        self.rate, self.plain_rate = max(every) / batch, every[0] / batch
-        self.best_tokens = self.expected_tokens(every.index(max(every)))
+        self.plain_rate, self.rate, self.best_tokens = self._per_row(every, batch)
         if drafting < batch:
             # the rows that do not draft still pay for the longer verify call (right-padded) and gain nothing
             rate = self._rates([self.step_cost(k, batch, drafting) for k in range(max_k + 1)], batch, drafting=drafting)
@@ -395,8 +390,13 @@ class AdaptivePolicy(Policy):
         costs = [self.step_cost(k, batch) for k in range(self.max_draft + 1)]
         if any(c is None for c in costs) or not self.costs.measured(batch, 1):
             return None
-        rate = self._rates(costs, batch)
-        return rate[0] / batch, max(rate) / batch, self.expected_tokens(rate.index(max(rate)))
+        return self._per_row(self._rates(costs, batch), batch)
+
+    def _per_row(self, rate: list[float], batch: int) -> tuple[float, float, float]:
+        """The batch's rates at each k -> (plain, best) tokens/s of one row, and the tokens it commits a step at that
+        best k."""
+        best = max(rate)
+        return rate[0] / batch, best / batch, self.expected_tokens(rate.index(best))
 
     def _best(self, rate: list[float]) -> int:
         positive = max(rate[1:], default=-math.inf)

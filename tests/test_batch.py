@@ -274,7 +274,7 @@ def _joined_while_off(gen, prompt, max_new_tokens):
     assert gen.counters.get("draft_calls", 0) == draft_calls          # the draft was not fed the prompt
     assert stream._seq.dft_pos == 0
     policy.off = False
-    policy.next_k = lambda max_k, batch=1, drafting=None: min(3, max_k)
+    policy.next_k = lambda max_k, batch=1, drafting=None, rows=None, rows_fed=False: min(3, max_k)
     return stream
 
 
@@ -294,7 +294,7 @@ def test_while_speculation_is_off_the_draft_is_not_fed_and_catches_up_a_chunk_a_
     next(iter(stream))                                                 # both prefilled, first token committed
     assert stream._seq.dft_pos == 0                                    # the draft was not fed the prompt
     policy.off = False
-    policy.next_k = lambda max_k, batch=1, drafting=None: min(3, max_k)
+    policy.next_k = lambda max_k, batch=1, drafting=None, rows=None, rows_fed=False: min(3, max_k)
     events_before = len(gen.events)
     assert stream.wait().tokens == expected
     other.wait()
@@ -352,19 +352,21 @@ def test_a_prompt_goes_to_the_draft_only_where_the_tokens_asked_repay_feeding_it
 def test_adaptive_weighs_k_for_every_admitted_sequence_while_some_still_prefill(batch_bundles):
     """A batch ramps up: rows decode while others still prefill, chunk by chunk. The shared policy weighs k for
     the whole admitted load, not the few rows already decoding (which turned speculation on, and a catch-up for
-    each row, at every ramp-up of a batch too large for it to pay)."""
+    each row, at every ramp-up of a batch too large for it to pay), and is told how many rows the step runs (a plain
+    step of fewer rows measures nothing about the load's own plain step: see AdaptivePolicy's recheck)."""
     gen = load(batch_bundles["qwen2"], max_batch=3)
     gen.generate(PROMPTS[0], max_new_tokens=4, ignore_eos=True, policy="adaptive")   # creates the shared policy
     policy = gen.shared_policy("adaptive")
     asked = []
     weigh = policy.next_k
-    policy.next_k = lambda max_k, batch=1, drafting=None: asked.append(batch) or weigh(max_k, batch, drafting)
+    policy.next_k = lambda max_k, batch=1, drafting=None, rows=None, rows_fed=False: (
+        asked.append((batch, rows)) or weigh(max_k, batch, drafting, rows, rows_fed))
     events_before = len(gen.events)
     long_prompts = ["x" * 150 + " = 1\n", "y" * 150 + " = 2\n", "z" * 150 + " = 3\n"]
     together(gen, [(p, dict(max_new_tokens=12, ignore_eos=True, policy="adaptive")) for p in long_prompts])
     ramp = [e for e in gen.events[events_before:] if e.batch < 3]
     assert ramp and ramp[0] is gen.events[events_before]             # the first steps ran before all had prefilled
-    assert asked[0] == 3                                               # ... and were weighed for all three
+    assert asked[0] == (3, ramp[0].batch) and ramp[0].batch < 3       # ... weighed for all three, told its rows
 
 
 def _spinning_entries(session) -> tuple[str | None, str | None]:

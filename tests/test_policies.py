@@ -423,3 +423,44 @@ def test_a_narrow_win_is_checked_against_a_fresh_plain_step():
     calm = AdaptivePolicy(max_draft=8, probe_every=16)                # a clear win is never interrupted
     _drive_rows(calm, 1, 30, lambda b, t: 0.05 + 0.002 * t, draft)
     assert all(min(ks) >= 1 for ks in _drive_rows(calm, 1, 100, lambda b, t: 0.05 + 0.002 * t, draft))
+
+
+def test_the_recheck_waits_for_a_step_that_can_measure_the_plain_step():
+    """A batch ramps up one prefill chunk at a time: the policy weighs the admitted load (8) while fewer rows decode,
+    and their plain steps are measured at their own row count. Forcing k = 0 for a recheck at B = 8 during the ramp
+    measured nothing, so every ramp step was a plain step (10 of 37 steps of each B = 8 wave with the fp32 target,
+    where fixed:4 drafted through the ramp and ran 3-6% ahead). The recheck now waits for a step of 8 rows."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    verify = lambda b, t: 0.20 * (1 + 0.3 * (t - 1)) if b == 8 else 0.05 * b * (1 + 0.2 * (t - 1))  # noqa: E731
+    draft = lambda rows: 0.01 * rows                                  # noqa: E731
+    first = lambda i: i < 1                                           # noqa: E731  (only a first draft is accepted)
+    _drive_rows(policy, 1, 30, verify, draft, accept=first)
+    during = _drive_rows(policy, 8, 40, verify, draft, accept=first)
+    assert sum(1 for ks in during[-10:] if min(ks) >= 1) >= 9        # k = 1 wins at B = 8, by 18%
+    _drive_rows(policy, 1, 2 * policy.recheck_after, verify, draft, accept=first)   # B = 8's plain step ages
+    assert policy.costs.age(8, 1) > policy.recheck_after
+    ramp = []
+    for rows in range(1, 8):                                          # rows 1..7 decode, 8 admitted
+        k = policy.next_k(8, batch=8, rows=rows)
+        policy.observe_costs(k, draft(rows) * k, verify(rows, k + 1), rows * (k + 1), rows)
+        for _ in range(rows):
+            policy.observe_acceptance(k, min(k, 1))
+        ramp.append(k)
+    assert min(ramp) >= 1, ramp                                       # speculates through the ramp
+    assert policy.next_k(8, batch=8, rows=8) == 0                     # the first full step re-measures
+
+
+def test_a_ramp_whose_rows_hold_their_text_is_weighed_for_those_rows():
+    """While 8 sequences prefill one chunk at a time, 1..7 rows decode. Where their drafts hold their text (no
+    catch-up), the step's k only decides that step's cost: it is weighed for the rows that run it, where
+    speculation pays more than at the full load. Rows whose drafts are behind keep the load's verdict (at a load
+    too large for speculation, a ramp weighed for its few rows turned speculation on with a catch-up per row)."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    draft = lambda rows: 0.018 * rows                                 # noqa: E731
+    for rows in (1, 2, 8):
+        _drive_rows(policy, rows, 40, _cpu_like_verify, draft)       # measured alone, at 2 and at 8
+    assert policy.next_k(8, batch=8) == 0                            # the full load: off
+    assert policy.next_k(8, batch=8, rows=2, rows_fed=False) == 0    # drafts behind: the load's verdict
+    assert policy.next_k(8, batch=8, rows=1, rows_fed=True) >= 4     # fed: weighed for one row
+    assert policy.next_k(8, batch=8, rows=3, rows_fed=True) == 0     # never measured at 3 rows: the load's
+    assert policy.off and policy.last_batch == 8                     # the load's own state untouched

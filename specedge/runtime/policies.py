@@ -22,9 +22,12 @@ class Policy:
     off = False                       # True: speculation is switched off for now (adaptive), the draft is not fed
     name = "policy"
 
-    def next_k(self, max_k: int, batch: int = 1, drafting: int | None = None) -> int:
+    def next_k(self, max_k: int, batch: int = 1, drafting: int | None = None, rows: int | None = None,
+               rows_fed: bool = False) -> int:
         """batch: the load (admitted sequences); drafting: how many of them would draft (None: all), for a shared
-        policy: a row whose draft lacks text that would not pay to feed rides along at k = 0."""
+        policy: a row whose draft lacks text that would not pay to feed rides along at k = 0; rows: how many decode
+        in this step (None: batch; fewer while sequences still prefill); rows_fed: every one of them holds its text
+        in its draft (drafting costs them no catch-up)."""
         raise NotImplementedError
 
     def observe_acceptance(self, k: int, n_accepted: int) -> None:
@@ -68,7 +71,8 @@ class FixedPolicy(Policy):
     def __init__(self, k: int):
         self.k, self.name = k, f"fixed:{k}"
 
-    def next_k(self, max_k: int, batch: int = 1, drafting: int | None = None) -> int:
+    def next_k(self, max_k: int, batch: int = 1, drafting: int | None = None, rows: int | None = None,
+               rows_fed: bool = False) -> int:
         return min(self.k, max_k)
 
 
@@ -80,7 +84,8 @@ class HeuristicPolicy(Policy):
     def __init__(self, start: int = 5, limit: int = 8):
         self.k, self.limit = start, limit
 
-    def next_k(self, max_k: int, batch: int = 1, drafting: int | None = None) -> int:
+    def next_k(self, max_k: int, batch: int = 1, drafting: int | None = None, rows: int | None = None,
+               rows_fed: bool = False) -> int:
         return min(self.k, max_k, self.limit)
 
     def observe_acceptance(self, k: int, n_accepted: int) -> None:
@@ -245,7 +250,8 @@ class AdaptivePolicy(Policy):
     (speculates_at) and the tokens it asks for repay the feeding (catch_up_pays, from the measured cost a token
     of feeding a draft, prompts and catch-ups alike), a draft that fell behind catches up only where the tokens
     left repay it, and a row that does not draft is weighed as committing one token a step while it pays for
-    the longer verify call.
+    the longer verify call. While a batch ramps up (sequences still prefilling), a step whose decoding rows all hold
+    their text in their drafts is weighed for those rows (`_ramp_k`), the load's own state left alone.
     The cost estimates forget by steps gone by (CostCurve), and where the best k beats the plain step by less than
     RECHECK_MARGIN, the plain step is measured again once its measurement is `recheck_after` steps old: while
     speculation is on nothing else measures it, and a narrow win taken against a slow burst would last.
@@ -310,11 +316,16 @@ class AdaptivePolicy(Policy):
             return None
         return verify + k * draft
 
-    def next_k(self, max_k: int, batch: int = 1, drafting: int | None = None) -> int:
+    def next_k(self, max_k: int, batch: int = 1, drafting: int | None = None, rows: int | None = None,
+               rows_fed: bool = False) -> int:
         max_k = min(max_k, self.max_draft)
         drafting = batch if drafting is None else min(drafting, batch)
         probed, self.probing = self.probing, 0
         self.stretches.tick(batch)
+        if rows_fed and rows is not None and rows < batch and not probed:
+            ramp = self._ramp_k(max_k, rows)
+            if ramp is not None:
+                return ramp
         if drafting == 0:
             return 0                                               # no row can draft: nothing to weigh
         if (self.off and batch == self.last_batch and drafting == self.last_drafting and max_k >= 1
@@ -352,14 +363,29 @@ class AdaptivePolicy(Policy):
             # as when its row's draft was too far behind to catch up, the probe clock tries again later)
             self.off = True
             return 0 if probed else self._probe(batch)
-        if rate[best] < RECHECK_MARGIN * rate[0] and self.costs.age(batch, 1) > self.recheck_after:
-            # while speculation is on the plain step is not measured, and a narrow win rests on its last measurement
+        if (rate[best] < RECHECK_MARGIN * rate[0] and self.costs.age(batch, 1) > self.recheck_after
+                and (rows is None or rows >= batch)):
+            # while speculation is on the plain step is not measured, and a narrow win rests on its last measurement;
+            # only a step of `batch` rows measures it (while sequences still prefill, fewer rows decode: a plain
+            # step then measured nothing, and every step of a ramp-up was plain)
             return 0
         self.steps += 1
         if self.steps % self.explore_every == 0:
             self.explore_up = not self.explore_up
             return min(best + 1, max_k) if self.explore_up else max(best - 1, 1)
         return best
+
+    def _ramp_k(self, max_k: int, rows: int) -> int | None:
+        """A batch ramping up (sequences still prefilling) whose decoding rows all hold their text in their drafts:
+        this step's k only decides this step's cost, so it is weighed for the rows that run it, on what was
+        measured at that row count (None: not measured there, weigh the load). Without side effects: the load's
+        own state (off, probe clocks, exploration) is left to the steps of the full batch. Weighed for the load of
+        8, the ramp of each B = 8 wave with the fp32 target ran k = 1 for a few rows where fixed:4 ran 4."""
+        costs = [self.step_cost(k, rows) for k in range(max_k + 1)]
+        if (any(c is None for c in costs) or not self.costs.measured(rows, 1)
+                or (rows > 1 and not self.costs.measured(rows, 2))):
+            return None
+        return self._best(self._rates(costs, rows))
 
     def probe_gap(self, batch: int) -> int:
         return self.probe_gaps.get(batch, self.probe_every)

@@ -194,8 +194,12 @@ class Scheduler:
                     drafting = len(ready) + sum(1 for j in self.running if j.policy is s.policy
                                                 and j.prefilled < len(j.prompt_ids)
                                                 and (not j.uses_draft_model or j.dft_pos == j.prefilled))
+                    # every decoding row drafts from a draft that holds its text: a ramp-up's k is theirs to weigh
+                    fed = len(mine) == len(rows) and all(not r.uses_draft_model or len(r.tokens) - r.dft_pos <= 2
+                                                         for r in mine)
                     shared[id(s.policy)] = s.policy.next_k(max(caps[id(r)] for r in mine), batch=load,
-                                                           drafting=drafting) if mine else 0
+                                                           drafting=drafting, rows=len(rows),
+                                                           rows_fed=fed) if mine else 0
                     if s.policy.probing:
                         # rows whose drafts hold their text first: a probe should not pay a catch-up if it can help it
                         probes = sorted(mine, key=lambda r: id(r) not in ready)[: s.policy.probing]   # stable: slots

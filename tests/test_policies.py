@@ -5,7 +5,7 @@ import pytest
 from specedge.errors import OptionError
 from specedge.runtime.drafters import lookup, lookup_for
 from specedge.runtime.load_stretches import LoadStretches
-from specedge.runtime.policies import AdaptivePolicy, FixedPolicy, HeuristicPolicy, make_policy
+from specedge.runtime.policies import RECHECK_MARGIN, AdaptivePolicy, FixedPolicy, HeuristicPolicy, make_policy
 
 DRAFT_S, VERIFY_BASE_S, VERIFY_PER_TOKEN_S = 0.03, 0.25, 0.02     # a CPU-like regime: verify nearly flat
 
@@ -464,3 +464,19 @@ def test_a_ramp_whose_rows_hold_their_text_is_weighed_for_those_rows():
     assert policy.next_k(8, batch=8, rows=1, rows_fed=True) >= 4     # fed: weighed for one row
     assert policy.next_k(8, batch=8, rows=3, rows_fed=True) == 0     # never measured at 3 rows: the load's
     assert policy.off and policy.last_batch == 8                     # the load's own state untouched
+
+
+def test_a_ramp_speculates_for_its_rows_only_on_a_clear_win():
+    """A ramp meets each row count for a step or two, so what it weighs there was measured long before and nothing
+    rechecks it: on the int4 pair at 16 clients, ramps ran k = 2 at 4-15 rows on narrow wins measured one cell
+    earlier (38 tok/s where the plain steps ran 64). A narrow win at the ramp's rows leaves the load's verdict."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    verify = lambda b, t: 0.046 + 0.004 * (t - 1) if b == 1 else 0.025 * b * (1 + (0.5 if b == 4 else 0.7) * (t - 1))  # noqa: E731
+    draft = lambda rows: 0.01 * rows                                  # noqa: E731
+    for rows in (1, 4, 8):
+        _drive_rows(policy, rows, 40, verify, draft)
+    rate = policy._rates([policy.step_cost(k, 4) for k in range(9)], 4)
+    assert policy._best(rate) > 0 and max(rate) < RECHECK_MARGIN * rate[0]   # 4 rows: k > 0 wins, narrowly
+    assert policy.next_k(8, batch=8) == 0                            # the full load: off
+    assert policy.next_k(8, batch=8, rows=4, rows_fed=True) == 0     # a narrow win at the ramp's rows: the load's
+    assert policy.next_k(8, batch=8, rows=1, rows_fed=True) >= 4     # a clear one (alone): weighed for its row

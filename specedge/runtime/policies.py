@@ -380,12 +380,18 @@ class AdaptivePolicy(Policy):
         this step's k only decides this step's cost, so it is weighed for the rows that run it, on what was
         measured at that row count (None: not measured there, weigh the load). Without side effects: the load's
         own state (off, probe clocks, exploration) is left to the steps of the full batch. Weighed for the load of
-        8, the ramp of each B = 8 wave with the fp32 target ran k = 1 for a few rows where fixed:4 ran 4."""
+        8, the ramp of each B = 8 wave with the fp32 target ran k = 1 for a few rows where fixed:4 ran 4.
+        Only a clear win (RECHECK_MARGIN) speculates here: a ramp meets each row count for a step or two, so its
+        costs there are old and nothing rechecks them. Narrow wins at 4-15 rows on the int4 pair (on costs measured
+        one cell earlier) ran k = 2 at 38 tok/s where plain steps ran 64, and left drafts fed just enough for a
+        catch-up of 14 rows at B = 16 to look cheap (1.2 s of draft calls for a step that lost too)."""
         costs = [self.step_cost(k, rows) for k in range(max_k + 1)]
         if (any(c is None for c in costs) or not self.costs.measured(rows, 1)
                 or (rows > 1 and not self.costs.measured(rows, 2))):
             return None
-        return self._best(self._rates(costs, rows))
+        rate = self._rates(costs, rows)
+        best = self._best(rate)
+        return best if best == 0 or rate[best] >= RECHECK_MARGIN * rate[0] else None
 
     def probe_gap(self, batch: int) -> int:
         return self.probe_gaps.get(batch, self.probe_every)

@@ -480,3 +480,25 @@ def test_a_ramp_speculates_for_its_rows_only_on_a_clear_win():
     assert policy.next_k(8, batch=8) == 0                            # the full load: off
     assert policy.next_k(8, batch=8, rows=4, rows_fed=True) == 0     # a narrow win at the ramp's rows: the load's
     assert policy.next_k(8, batch=8, rows=1, rows_fed=True) >= 4     # a clear one (alone): weighed for its row
+
+
+def test_k_grows_a_measured_verify_width_at_a_time():
+    """At B = 8 on the int4 pair a probe measured T = 2 at 1.43x T = 1; the line through them put T = 6 at 3.1x, k = 5
+    won on paper by 18%, and the step ran at 3.5x plus draft calls over 8 rows that 1 and 2 rows had put at
+    two thirds of their cost: 22 tok/s where plain steps ran 53. k now grows at most one width past the widest
+    verify measured at its batch size. Here wider verifies cost more than the line through T = 1, 2 says: k = 1
+    is the best (+12%), k = 5 looks best on paper after the probe."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    verify = lambda b, t: 0.046 + 0.004 * (t - 1) if b == 1 else (                   # noqa: E731
+        0.15 * (1 + 0.43 * (t - 1)) if t <= 2 else 0.15 * (1.43 + 0.6 * (t - 2)))
+    draft = lambda rows: 0.018 + 0.005 * (rows - 1)                                  # noqa: E731
+    accept = lambda i: i < 6                                                         # noqa: E731
+    _drive_rows(policy, 1, 30, verify, draft, accept)
+    ks = []
+    for _ in range(60):
+        widest = policy.costs.widest(8)
+        step = _drive_rows(policy, 8, 1, verify, draft, accept)[0]
+        assert max(step) <= max(widest, 1), (ks, step, widest)       # never past one width beyond the measured
+        ks.append(max(step))
+    assert max(ks) <= 3, ks                                          # the measured widths stop the growth
+    assert sorted(ks[-20:])[10] == 1, ks                             # and k = 1 runs, exploration aside

@@ -417,7 +417,12 @@ def test_bench_serve_writes_results_and_plots(server, tmp_path, capsys):
     assert entry["vs_best_other"] == pytest.approx(sorted(a / b for a, b in zip(per_repeat, target))[1])
     assert entry["ttft_s"]["p50"] > 0 and entry["tpot_s"]["p99"] >= entry["tpot_s"]["p50"]
     assert (out / "serve_throughput.png").exists() and (out / "serve_tpot.png").exists()
-    assert "TPOT p50" in capsys.readouterr().out
+    # each cell's steps read back from the server and priced against plain steps: target-only has none with k > 0
+    assert results["runs"]["target"]["2"]["steps_gain_per_repeat"] == [0.0, 0.0, 0.0]
+    gains = entry["steps_gain_per_repeat"]
+    assert len(gains) == 3 and all(isinstance(g, float) and g > -1.0 for g in gains)
+    assert entry["steps_gain"] == sorted(gains)[1]
+    assert "steps gain" in capsys.readouterr().out
     assert main(["bench-serve"]) == 2                                  # neither a bundle nor --url: one-line error
 
 

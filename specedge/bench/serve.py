@@ -5,7 +5,9 @@ policy (a request's `extra_body={"speculation": ...}`), streamed requests measur
 output token after the first (TPOT), inter-token latency (between chunks carrying text) and end-to-end time;
 a level reports request throughput, output tokens/s and p50 / p99 of the latencies, plus the mean accepted length
 the server reports. Policies alternate within each level (in reverse order on every other repeat), so drift hits
-them alike. The client's own CPU time is reported (client and server share the machine), and the server's when
+them alike. From a specedge server it also reads each cell's decode steps (GET /v1/speculation/steps) and prices
+the steps with k > 0 against plain steps of as many rows from the same level and repeat (`steps_gain`,
+bench/step_gain.py): a paired reading the drift between cells does not enter. The client's own CPU time is reported (client and server share the machine), and the server's when
 this process started it.
 """
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from specedge.bench.order import against_best, alternating
 from specedge.bench.report import percent_change
+from specedge.bench.step_gain import plain_step_s, speculation_effect
 from specedge.errors import SpecedgeError
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16)
@@ -130,16 +133,20 @@ def median_entry(entries: list[dict]) -> dict:
     repeats, and each repeat's tokens/s is kept."""
     middle = sorted(entries, key=lambda e: e["output_tok_per_s"])[(len(entries) - 1) // 2]
     tok_per_s = [e["output_tok_per_s"] for e in entries]
+    gains = [e.get("steps_gain") for e in entries]
     return {**middle, "output_tok_per_s": float(np.median(tok_per_s)), "output_tok_per_s_per_repeat": tok_per_s,
             "repeats": len(entries), "errors": sum(e["errors"] for e in entries),
-            "requests": sum(e["requests"] for e in entries)}
+            "requests": sum(e["requests"] for e in entries), "steps_gain_per_repeat": gains,
+            "steps_gain": float(np.median(gains)) if None not in gains else None}
 
 
 async def _run(url, api_key, model, prompts, policies, levels, requests_per_level, max_tokens, temperature,
                ignore_eos, server_pid, progress, repeat=1, warm_up=True):
+    import httpx
     from openai import APIError, AsyncOpenAI
 
     client = AsyncOpenAI(base_url=url, api_key=api_key or "-", max_retries=0, timeout=600.0)
+    http = httpx.AsyncClient(headers={"Authorization": f"Bearer {api_key}"} if api_key else {}, timeout=60.0)
     try:
         if model is None:
             try:
@@ -153,19 +160,25 @@ async def _run(url, api_key, model, prompts, policies, levels, requests_per_leve
             await _level(client, model, prompts, policy, 1, 1, max_tokens, temperature, ignore_eos)
         entries = {(p, c): [] for p in policies for c in levels}
         total, done = repeat * len(levels) * len(policies), 0
+        seen = await _steps_after(http, url, 0)                # None: the server keeps no step records
         for r in range(repeat):
             for c in levels:
                 n = requests_per_level or max(4, 2 * c)
+                cells = {}
                 for policy in alternating(policies, r):
                     server_cpu = _cpu_seconds(server_pid)
                     entry = await _level(client, model, prompts, policy, c, n, max_tokens, temperature, ignore_eos)
                     after = _cpu_seconds(server_pid)
                     entry["server_cpu_share"] = (after - server_cpu) / entry["wall_s"] if after is not None else None
+                    got = await _steps_after(http, url, seen[0]) if seen else None
+                    cells[policy] = got[1] if got and got[0] - seen[0] == len(got[1]) else None   # None: steps lost
+                    seen = got
                     entries[(policy, c)].append(entry)
                     done += 1
                     if progress:
                         progress(done, total, f"{f'repeat {r + 1}/{repeat}, ' if repeat > 1 else ''}concurrency {c} "
                                               f"{policy}: {entry['output_tok_per_s']:.2f} tok/s, {entry['errors']} errors")
+                _price_steps(cells, {p: entries[(p, c)][-1] for p in policies})
         runs = {p: {str(c): median_entry(entries[(p, c)]) for c in levels} for p in policies}
         for c in levels:
             per_repeat = {p: runs[p][str(c)]["output_tok_per_s_per_repeat"] for p in policies}
@@ -174,6 +187,32 @@ async def _run(url, api_key, model, prompts, policies, levels, requests_per_leve
         return model, runs
     finally:
         await client.close()
+        await http.aclose()
+
+
+async def _steps_after(http, url: str, after: int) -> tuple[int, list[dict]] | None:
+    """(the server's step count, its step records numbered above `after`) from GET /v1/speculation/steps; None
+    where the server has no such endpoint (not specedge) or it failed."""
+    import httpx
+
+    try:
+        response = await http.get(url.rstrip("/") + "/speculation/steps", params={"after": after, "recent": 4096})
+        if response.status_code != 200:
+            return None
+        body = response.json()
+        return body["steps"], body["recent"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+def _price_steps(cells: dict[str, list[dict] | None], entries: dict[str, dict]) -> None:
+    """Each cell's steps_gain (step_gain.speculation_effect's gain_share): its steps with k > 0 against its own plain
+    steps, rows it never ran plain priced by the plain steps of the other cells at this concurrency; None where
+    the server's steps were not read."""
+    pooled = plain_step_s([s for steps in cells.values() if steps for s in steps])
+    for policy, entry in entries.items():
+        steps = cells.get(policy)
+        entry["steps_gain"] = speculation_effect(steps, pooled)["gain_share"] if steps is not None else None
 
 
 def run_bench_serve(url: str, prompts: list[dict], policies=DEFAULT_POLICIES, levels=DEFAULT_LEVELS,
@@ -243,7 +282,8 @@ def served(bundle: str, max_batch: int, threads: int | None = None, extra_args=(
 
 def table(results: dict) -> str:
     head = (f"{'conc':>4} {'policy':<14} {'req/s':>6} {'out tok/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} "
-            f"{'TPOT p50':>9} {'TPOT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'acc len':>7} {'err':>4} {'client cpu':>10}")
+            f"{'TPOT p50':>9} {'TPOT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'acc len':>7} {'err':>4} {'client cpu':>10} "
+            f"{'vs best':>8} {'steps gain':>10}")
     lines = [head, "-" * len(head)]
 
     def ms(x):
@@ -256,8 +296,12 @@ def table(results: dict) -> str:
                          f"{ms(e['ttft_s']['p50'])} {ms(e['ttft_s']['p99'])} {ms(e['tpot_s']['p50'])} "
                          f"{ms(e['tpot_s']['p99'])} {ms(e['itl_s']['p50'])[1:]} {ms(e['itl_s']['p99'])[1:]} "
                          f"{e['mean_accepted_length']:7.2f} {e['errors']:>4} {100 * e['client_cpu_share']:9.1f}% "
-                         f"{percent_change(e.get('vs_best_other')):>13}")
+                         f"{percent_change(e.get('vs_best_other')):>9} {percent_change(_ratio(e.get('steps_gain'))):>10}")
     return "\n".join(lines)
+
+
+def _ratio(gain: float | None) -> float | None:
+    return None if gain is None else 1.0 + gain
 
 
 def plots(results: dict, out: Path) -> list[Path] | None:

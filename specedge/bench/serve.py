@@ -7,8 +7,8 @@ a level reports request throughput, output tokens/s and p50 / p99 of the latenci
 the server reports. Policies alternate within each level (in reverse order on every other repeat), so drift hits
 them alike. From a specedge server it also reads each cell's decode steps (GET /v1/speculation/steps) and prices
 the steps with k > 0 against plain steps of as many rows from the same level and repeat (`steps_gain`,
-bench/step_gain.py): a paired reading the drift between cells does not enter. The client's own CPU time is reported (client and server share the machine), and the server's when
-this process started it.
+bench/step_gain.py): a paired reading the drift between cells does not enter. The client's own CPU time is
+reported (client and server share the machine), and the server's when this process started it.
 """
 
 from __future__ import annotations
@@ -282,8 +282,8 @@ def served(bundle: str, max_batch: int, threads: int | None = None, extra_args=(
 
 def table(results: dict) -> str:
     head = (f"{'conc':>4} {'policy':<14} {'req/s':>6} {'out tok/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} "
-            f"{'TPOT p50':>9} {'TPOT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'acc len':>7} {'err':>4} {'client cpu':>10} "
-            f"{'vs best':>8} {'steps gain':>10}")
+            f"{'TPOT p50':>9} {'TPOT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'acc len':>7} {'err':>4} "
+            f"{'client cpu':>10} {'vs best':>8} {'steps gain':>10}")
     lines = [head, "-" * len(head)]
 
     def ms(x):
@@ -296,7 +296,8 @@ def table(results: dict) -> str:
                          f"{ms(e['ttft_s']['p50'])} {ms(e['ttft_s']['p99'])} {ms(e['tpot_s']['p50'])} "
                          f"{ms(e['tpot_s']['p99'])} {ms(e['itl_s']['p50'])[1:]} {ms(e['itl_s']['p99'])[1:]} "
                          f"{e['mean_accepted_length']:7.2f} {e['errors']:>4} {100 * e['client_cpu_share']:9.1f}% "
-                         f"{percent_change(e.get('vs_best_other')):>9} {percent_change(_ratio(e.get('steps_gain'))):>10}")
+                         f"{percent_change(e.get('vs_best_other')):>9} "
+                         f"{percent_change(_ratio(e.get('steps_gain'))):>10}")
     return "\n".join(lines)
 
 

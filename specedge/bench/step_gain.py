@@ -5,8 +5,9 @@ between repeats: a ratio of two cells' throughputs measures the machine as much 
 cell carry a paired comparison instead: each step with k > 0 committed some tokens for some rows in some seconds,
 and the same cell's plain steps (k = 0 for every row) of as many rows say what those tokens would have cost
 without speculation, at the same moment on the same machine. Rows the cell never ran plain are priced by the plain
-steps of the other cells at that concurrency in the same repeat (a fallback). What it leaves out: work outside
-decode steps (prompt prefill, a prompt fed to the draft) and the batch sizes a policy's prefills leave behind.
+steps of the other cells at that concurrency in the same repeat (a fallback: for fixed:k, and adaptive alone, the
+drift between neighbouring cells enters again). What it leaves out: work outside decode steps (prompt prefill, a
+prompt fed to the draft) and the batch sizes a policy's prefills leave behind.
 
 Steps are the dicts of GET /v1/speculation/steps (serve/steps.py step_view): batch (decoding rows), k and
 accepted per row, draft_s (catch-ups included) and verify_s.

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
 
 from specedge.errors import OptionError, SpecedgeError
 
-EXIT_USAGE, EXIT_FAILURE = 2, 1
+EXIT_USAGE, EXIT_FAILURE, EXIT_INTERRUPTED = 2, 1, 130
 
 
 target_rows_option = click.option(
@@ -166,13 +168,17 @@ def bench(bundle, prompts_file, policies, batches, max_new_tokens, temperature, 
           backend, device_id, cuda_graphs, target_rows):
     """Run every policy on the same prompts, side by side, and report acceptance, speed and time split."""
     from specedge.bench import load_prompts, parse_batches, run_bench, run_batch_bench
+    from specedge.bench.batch import workload_size
     from specedge.bench.report import batch_plots, batch_table, plots, table
-    from specedge.bench.runner import DEFAULT_POLICIES, write_results
+    from specedge.bench.runner import DEFAULT_POLICIES, check_prompts_fit, prepare_out, write_results
     from specedge.runtime import load
 
     sizes = parse_batches(batches)
     names = [p.strip() for p in (policies or DEFAULT_POLICIES).split(",") if p.strip()]
+    if not names:
+        raise OptionError("--policies names no policy")
     prompts = load_prompts(prompts_file)
+    out = prepare_out(Path(out))
     gen = load(bundle, backend=backend, threads=threads, target_rows=_rows(target_rows), max_batch=max(sizes),
                device_id=device_id, cuda_graphs=cuda_graphs)
     if gen.backend_choice:
@@ -185,7 +191,7 @@ def bench(bundle, prompts_file, policies, batches, max_new_tokens, temperature, 
         bar = "#" * (width * done // total) + "." * (width - width * done // total)
         click.echo(f"\r[{bar}] {done}/{total} {label:<60}", err=True, nl=done == total)
 
-    out = Path(out)
+    check_prompts_fit(gen, prompts if sizes == [1] else prompts[:workload_size(sizes)])      # the ones that run
     if sizes == [1]:
         results = run_bench(gen, prompts, names, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                             repeat=repeat, progress=progress)
@@ -321,24 +327,51 @@ def _embedding_line(model: dict) -> str:
 
 
 def main(argv=None) -> int:
+    interrupt = _InterruptWatch()
     try:
         cli.main(args=argv, prog_name="specedge", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("specedge: aborted", err=True)
-        return EXIT_FAILURE
-    except click.ClickException as err:
+    except BaseException as err:  # noqa: BLE001 - each kind gets its line and exit code; the rest is re-raised
+        return _report(err, interrupt.seen)
+    finally:
+        interrupt.restore()
+    return 0
+
+
+def _report(err: BaseException, interrupted: bool) -> int:
+    """One line on stderr and the exit code for an error that ended a command."""
+    if interrupted or isinstance(err, (KeyboardInterrupt, click.exceptions.Abort)):
+        # Ctrl+C can land inside a library's import or cleanup and surface as another exception: still Ctrl+C
+        click.echo("specedge: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    if isinstance(err, click.ClickException):
         click.echo(f"specedge: error: {_one_line(err.format_message())}", err=True)
         return EXIT_USAGE
-    except OptionError as err:
+    if isinstance(err, OptionError):
         click.echo(f"specedge: error: {_one_line(str(err))}", err=True)
         return EXIT_USAGE
-    except SpecedgeError as err:
+    if isinstance(err, SpecedgeError):
         click.echo(f"specedge: error: {_one_line(str(err))}", err=True)
         return EXIT_FAILURE
-    except KeyboardInterrupt:
-        click.echo("specedge: interrupted", err=True)
-        return 130
-    return 0
+    raise err
+
+
+class _InterruptWatch:
+    """Notes a Ctrl+C (then raises KeyboardInterrupt as Python's own handler does), so that main reports it as
+    an interruption whatever exception it turned into on its way out."""
+
+    def __init__(self):
+        self.seen, self.previous = False, None
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self.previous = signal.signal(signal.SIGINT, self._on_interrupt)
+
+    def _on_interrupt(self, signum, frame):
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 def _one_line(text: str) -> str:
@@ -403,10 +436,12 @@ def serve(bundle, host, port, max_batch, max_queue, api_key, served_model_name, 
 
     try:
         from specedge.serve.engine import EngineConfig, load_engine
-        from specedge.serve.server import serve_forever
+        from specedge.serve.server import listen, serve_forever
     except ImportError as err:
         raise _serve_extra(err) from err
 
+    if api_key == "":
+        raise OptionError("--api-key is empty: every request would be refused; give a key or leave the option out")
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = EngineConfig(bundle=bundle, max_batch=max_batch, max_queue=max_queue, served_model_name=served_model_name,
@@ -420,12 +455,16 @@ def serve(bundle, host, port, max_batch, max_queue, api_key, served_model_name, 
                 "--target-ongoing-requests": target_ongoing_requests, "--replica-cpus": replica_cpus}
     given = [name for name, value in ray_only.items() if value]
     if given:
-        raise OptionError(f"{', '.join(given)} only apply with --ray")
-    gen, limits = load_engine(config)
+        raise OptionError(f"{', '.join(given)} only appl{'ies' if len(given) == 1 else 'y'} with --ray")
+    sock = listen(host, port)                     # before loading: a port in use fails at once
+    try:
+        gen, limits = load_engine(config)
+    except BaseException:
+        sock.close()
+        raise
     if gen.backend_choice:
         click.echo(gen.backend_choice, err=True)
-    serve_forever(gen, limits, host=host, port=port, api_key=api_key, drain_timeout=drain_timeout,
-                  max_body_bytes=max_body_bytes)
+    serve_forever(gen, limits, sock, api_key=api_key, drain_timeout=drain_timeout, max_body_bytes=max_body_bytes)
 
 
 def _serve_on_ray(config, host, port, api_key, drain_timeout, max_body_bytes, log_level, replicas, autoscale,

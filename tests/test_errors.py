@@ -155,9 +155,16 @@ def test_export_cli_errors(capsys, sources, tmp_path):
                         "--max-draft", "0")
     assert code == 2 and "--max-draft" in err
     (tmp_path / "notabundle").mkdir()
+    (tmp_path / "notabundle" / "notes.txt").write_text("mine")
     code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none",
                         "--out", str(tmp_path / "notabundle"), "--force")
-    assert code == 1 and "not a bundle" in err
+    assert code == 1 and "not a bundle" in err and (tmp_path / "notabundle" / "notes.txt").read_text() == "mine"
+    (tmp_path / "afile").write_text("x")
+    for out, expected in ((tmp_path / "afile", 2), (tmp_path / "afile" / "sub", 1)):   # no folder can be made there
+        code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(out))
+        assert code == expected and str(tmp_path / "afile") in err and "\n" not in err, err
+    with pytest.raises(ExportError, match="exists and is not a folder"):
+        export_bundle(str(target), None, tmp_path / "afile", progress=None)
     code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(tmp_path / "b"),
                         "--quantize", "int4", "--block-size", "24")
     assert code == 1 and "--block-size" in err and "\n" not in err

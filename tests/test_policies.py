@@ -180,7 +180,7 @@ def test_adaptive_a_near_tie_with_k0_goes_to_k0():
 def test_cost_model_keeps_a_curve_per_batch_size():
     """Eight rows of one token cost more than one row of eight (each row attends over its own buffer): the
     verify cost at a batch size comes from that batch size's own curve; an unseen one from total tokens."""
-    from specedge.runtime.policies import CostModel
+    from specedge.runtime.step_costs import CostModel
 
     costs = CostModel()
     costs.observe_verify(8, 1.0, batch=8)          # B = 8, T = 1
@@ -203,7 +203,7 @@ def test_adaptive_measures_the_plain_step_at_a_new_batch_size_first():
 
 
 def test_one_measured_size_extrapolates_halfway_between_free_and_proportional():
-    from specedge.runtime.policies import SINGLE_POINT_GROWTH, CostCurve
+    from specedge.runtime.step_costs import SINGLE_POINT_GROWTH, CostCurve
 
     curve = CostCurve()
     curve.observe(2, 0.1)

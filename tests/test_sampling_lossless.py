@@ -63,9 +63,14 @@ def _pvalue(samples, joint) -> float:
             counts[s] += 1
         else:
             rest += 1
-    observed = [counts[c] for c in big] + [rest]
+    observed = [counts[c] for c in big]
     expected = [joint[c] * len(samples) for c in big]
-    expected.append(len(samples) - sum(expected))
+    rest_expected = len(samples) - sum(expected)
+    if rest_expected > 1e-6:
+        observed.append(rest)
+        expected.append(rest_expected)
+    else:                       # every possible pair is a cell of its own: nothing can fall outside them
+        assert rest == 0
     return stats.chisquare(observed, expected).pvalue
 
 

@@ -57,6 +57,9 @@ def test_models_and_health(server):
     srv, gen = server
     models = client(srv).models.list()
     assert [m.id for m in models.data] == [MODEL]
+    assert client(srv).models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client(srv).models.retrieve("gpt-4")
     assert health(srv) == {"status": "ok", "model": MODEL, "running": 0, "waiting": 0, "max_batch": 4,
                            "max_queue": 16}
 
@@ -198,6 +201,13 @@ def test_four_hundreds_are_in_openai_shape_and_the_server_goes_on(server):
                          "messages[0].content"),
                         ({**chat, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role")]:
         assert_openai_error(post(srv, "/chat/completions", body), 400, param)
+    # a lone surrogate is valid JSON but not text: a 400 naming the field, not a 500 from the tokenizer
+    for path, body, param in [("/completions", b'{"model": "%s", "prompt": "\\ud800"}', "prompt"),
+                              ("/completions", b'{"model": "%s", "prompt": "x", "stop": "\\udcff"}', "stop"),
+                              ("/chat/completions", b'{"model": "%s", "messages": [{"role": "user", '
+                                                    b'"content": "a\\ud800"}]}', "messages[0].content")]:
+        bad = assert_openai_error(httpx.post(srv.url + path, content=body % MODEL.encode(), timeout=10), 400, param)
+        assert "not valid Unicode" in bad["message"]
     assert_openai_error(post(srv, "/completions", {**base, "model": "gpt-4"}), 404, "model")
     assert_openai_error(httpx.post(srv.url + "/completions", content=b"{not json", timeout=10), 400)
     assert_openai_error(httpx.post(srv.url + "/completions", content=b"[" * 100_000 + b"]" * 100_000, timeout=10), 400)
@@ -444,6 +454,23 @@ def test_sigterm_stops_the_command_cleanly(bundle, tmp_path):
         assert proc.wait(30) == 0
     text = log.read_text()
     assert "POST /v1/completions 200" in text and "stopped" in text and "Traceback" not in text
+
+
+def test_serve_refuses_a_busy_port_and_an_empty_key_in_one_line(bundle, capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["serve", str(bundle), "--port", str(port)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1 and err[-1].startswith(f"specedge: error: cannot listen on 127.0.0.1:{port}"), err
+        assert not any("serving" in line or "Traceback" in line for line in err)
+    assert main(["serve", str(bundle), "--host", "999.1.1.1"]) == 1
+    assert capsys.readouterr().err.strip().startswith("specedge: error: cannot listen on 999.1.1.1")
+    assert main(["serve", str(bundle), "--api-key", ""]) == 2
+    assert "--api-key is empty" in capsys.readouterr().err
 
 
 def test_a_stream_whose_client_leaves_at_once_is_cancelled(bundle):

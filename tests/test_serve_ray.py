@@ -149,7 +149,10 @@ def test_without_ray_a_one_line_error(bundle, monkeypatch, capsys):
 
 def test_ray_options_need_ray(bundle, capsys):
     assert main(["serve", str(bundle), "--replicas", "2"]) == 2
+    assert "--replicas only applies with --ray" in capsys.readouterr().err
+    assert main(["serve", str(bundle), "--replicas", "2", "--autoscale", "1:3"]) == 2
+    assert "--replicas, --autoscale only apply with --ray" in capsys.readouterr().err
     assert main(["serve", str(bundle), "--ray", "--replicas", "2", "--autoscale", "1:3"]) == 2
     assert main(["serve", str(bundle), "--ray", "--autoscale", "3:1"]) == 2
     err = capsys.readouterr().err
-    assert "only apply with --ray" in err and "not both" in err and "MIN:MAX" in err
+    assert "not both" in err and "MIN:MAX" in err

@@ -32,7 +32,7 @@ from specedge.runtime.stats import GenerationStats
 def parse_batches(text: str, option: str = "--batch") -> list[int]:
     """'1,2,4' -> [1, 2, 4] (sorted, unique, each >= 1); also bench-serve's --concurrency."""
     try:
-        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
+        sizes = sorted({int(part) for part in text.split(",")})
     except ValueError:
         raise OptionError(f"{option}: expected comma-separated integers, got '{text}'") from None
     if not sizes or sizes[0] < 1:

@@ -40,10 +40,34 @@ def load_prompts(path: str | None) -> list[dict]:
             raise OptionError(f"--prompts {path}:{n}: not JSON ({err.msg})") from err
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
             raise OptionError(f"--prompts {path}:{n}: each line needs a string field 'prompt'")
-        rows.append({"prompt": row["prompt"], "chat": bool(row.get("chat", False))})
+        if not isinstance(row.get("chat", False), bool):
+            raise OptionError(f"--prompts {path}:{n}: 'chat' must be true or false")
+        rows.append({"prompt": row["prompt"], "chat": row.get("chat", False)})
     if not rows:
         raise OptionError(f"--prompts {path}: no prompts")
     return rows
+
+
+def check_prompts_fit(gen, prompts: list[dict]) -> None:
+    """Every prompt encodes and leaves room in the bundle, checked before the first is run (a bundle with a short
+    max_seq_len otherwise fails part-way through a benchmark)."""
+    for n, row in enumerate(prompts, 1):
+        size = len(gen.encode(row["prompt"], row.get("chat", False)))
+        if size >= gen.max_seq_len:
+            raise OptionError(f"prompt {n} has {size} tokens; the bundle's max_seq_len {gen.max_seq_len} leaves no "
+                              "room to generate (pass shorter prompts with --prompts, or export with a longer "
+                              "--max-seq-len)")
+
+
+def prepare_out(out: Path) -> Path:
+    """The results folder, made and checked writable before a benchmark runs, not after."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OptionError(f"--out {out}: {err.strerror or err}") from None
+    if not os.access(out, os.W_OK):
+        raise OptionError(f"--out {out}: not writable")
+    return out
 
 
 def run_bench(gen, prompts: list[dict], policies: list[str], max_new_tokens: int = 128, temperature: float = 0.0,

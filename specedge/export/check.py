@@ -85,15 +85,20 @@ def batch_rows_bitwise_equal(backend, ids: list[int]) -> bool:
     return all(np.array_equal(a, b) for a, b in zip(together, alone))
 
 
-def prompt_agreement(onnx_path: Path, model_entry: dict, torch_model, prompts: list[list[int]], vocab_size: int,
+def source_logits(torch_model, prompts: list[list[int]], vocab_size: int) -> list[np.ndarray]:
+    """The source model's logits over each check prompt (its first PROMPT_TOKENS), teacher-forced: taken before
+    the model is freed, so that the graph's session never shares memory with it."""
+    return [reference_logits(torch_model, ids[:PROMPT_TOKENS], vocab_size) for ids in prompts]
+
+
+def prompt_agreement(onnx_path: Path, model_entry: dict, references: list[np.ndarray], prompts: list[list[int]],
                      max_seq_len: int) -> dict:
-    """Teacher-forced top-1 agreement and max logit error of the graph vs the model, over real prompts."""
+    """Teacher-forced top-1 agreement and max logit error of the graph vs the source's logits (source_logits)."""
     cursor = SlotCursor(_backend(onnx_path, model_entry, max_seq_len, PROMPT_TOKENS))
     agree = total = 0
     error = 0.0
-    for ids in prompts:
+    for ids, reference in zip(prompts, references):
         ids = ids[:PROMPT_TOKENS]
-        reference = reference_logits(torch_model, ids, vocab_size)
         cursor.pos = 0
         ours = cursor.feed(ids)
         agree += int((ours.argmax(-1) == reference.argmax(-1)).sum())

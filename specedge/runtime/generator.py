@@ -7,9 +7,9 @@ background=True, by a worker thread. Nothing per request lives here.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +22,12 @@ from specedge.runtime.backends.cpu import spinning_mode
 from specedge.runtime.batch_step import Models
 from specedge.runtime.chat import render_chat
 from specedge.runtime.manifest import read_manifest
+from specedge.runtime.options import checked_text, generation_options, integer, token_ids
 from specedge.runtime.policies import make_policy
 from specedge.runtime.row_check import choose_min_rows
 from specedge.runtime.sampling import Warp
 from specedge.runtime.scheduler import PREFILL_CHUNK, Scheduler
-from specedge.runtime.sequences import DRAFTERS, GenerationOptions, GenerationResult, Sequence
+from specedge.runtime.sequences import GenerationOptions, GenerationResult, Sequence
 from specedge.runtime.stream import Stream
 from specedge.runtime.text import IncrementalDecoder, StopStrings
 
@@ -38,10 +39,11 @@ class Generator:
                  target_rows: str | int = "auto", max_batch: int = 1, max_queue: int = DEFAULT_MAX_QUEUE,
                  background: bool = False, spinning: bool | str | None = None, device_id: int = 0,
                  cuda_graphs: bool = True, backend_options: dict | None = None):
-        if not isinstance(max_batch, int) or max_batch < 1:
-            raise OptionError(f"max_batch must be an integer >= 1, got {max_batch!r}")
-        if not isinstance(max_queue, int) or max_queue < 0:
-            raise OptionError(f"max_queue must be an integer >= 0, got {max_queue!r}")
+        if not isinstance(bundle, (str, os.PathLike)):
+            raise OptionError(f"bundle must be a folder path, got {bundle!r}")
+        max_batch, max_queue = integer("max_batch", max_batch, 1), integer("max_queue", max_queue, 0)
+        if threads is not None:
+            threads = integer("threads", threads, 1)
         if target_rows not in ("auto", 1, 2):
             raise OptionError(f"target_rows must be 'auto', 1 or 2, got {target_rows!r}")
         self.path = Path(bundle)
@@ -125,6 +127,7 @@ class Generator:
         return dict(self.scheduler.counters)
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        prompt = checked_text(prompt)
         if chat:
             if not self.chat_template:
                 raise SpecedgeError("this bundle has no chat template; run without --chat")
@@ -147,7 +150,7 @@ class Generator:
         return self._submit(self.encode(prompt, opts.chat), opts, on_token, outbox)
 
     def stream_ids(self, prompt_ids: list[int], on_token=None, outbox=None, **options) -> Stream:
-        return self._submit(list(prompt_ids), self.options(**options), on_token, outbox)
+        return self._submit(token_ids(prompt_ids, self.vocab_size), self.options(**options), on_token, outbox)
 
     def generate(self, prompt: str, **options) -> GenerationResult:
         return self.stream(prompt, **options).wait()
@@ -173,27 +176,7 @@ class Generator:
 
     def options(self, **options) -> GenerationOptions:
         """Validated options (every bound explicit: a bad one is a one-line OptionError)."""
-        unknown = set(options) - set(GenerationOptions.__dataclass_fields__)
-        if unknown:
-            raise OptionError(f"unknown option(s): {', '.join(sorted(unknown))}")
-        opts = replace(GenerationOptions(), **options)
-        opts = replace(opts, stop=tuple(opts.stop))
-        if not isinstance(opts.max_new_tokens, int) or opts.max_new_tokens < 1:
-            raise OptionError(f"max_new_tokens must be at least 1, got {opts.max_new_tokens}")
-        if opts.temperature < 0:
-            raise OptionError(f"temperature must be >= 0, got {opts.temperature}")
-        if opts.top_k < 0:
-            raise OptionError(f"top_k must be >= 0, got {opts.top_k}")
-        if not 0.0 < opts.top_p <= 1.0:
-            raise OptionError(f"top_p must be in (0, 1], got {opts.top_p}")
-        if opts.seed is not None and not 0 <= opts.seed < 2**63:
-            raise OptionError(f"seed must be between 0 and 2**63 - 1, got {opts.seed}")
-        if not 0 <= opts.k <= self.max_draft:
-            raise OptionError(f"k must be between 0 and the bundle's max_draft {self.max_draft}, got {opts.k}")
-        if opts.drafter not in DRAFTERS:
-            raise OptionError(f"unknown drafter '{opts.drafter}' (known: {', '.join(DRAFTERS)})")
-        if opts.policy is not None:
-            make_policy(opts.policy, self.max_draft)          # validates the name
+        opts = generation_options(options, self.max_draft)
         spec = self._policy_spec(opts)
         if spec != "target" and opts.drafter in ("model", "hybrid") and self.draft is None:
             if opts.policy is None:

@@ -75,6 +75,8 @@ def file_record(path: Path) -> dict:
 def read_manifest(bundle: str | Path, verify_hashes: bool = False) -> dict:
     """Reads and validates BUNDLE/manifest.json; checks every listed file exists with its size."""
     root = Path(bundle)
+    if root.exists() and not root.is_dir():
+        raise BundleError(f"{bundle}: is not a folder (a bundle is a folder)")
     if not root.is_dir():
         raise BundleError(f"{bundle}: no such bundle folder")
     path = root / MANIFEST
@@ -87,8 +89,8 @@ def read_manifest(bundle: str | Path, verify_hashes: bool = False) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise BundleError(f"{path}: not a specedge bundle manifest")
     version = manifest.get("format_version")
-    if version not in READABLE_VERSIONS:
-        raise BundleError(f"{bundle}: bundle format version {version} is not supported by this specedge "
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise BundleError(f"{bundle}: bundle format version {version!r} is not supported by this specedge "
                           f"(it reads versions {', '.join(map(str, READABLE_VERSIONS))}); re-export the bundle "
                           "with this version")
     for key in ("vocab_size", "eos_token_ids", "max_seq_len", "max_draft", "dtype", "tokenizer", "models", "files"):
@@ -96,13 +98,15 @@ def read_manifest(bundle: str | Path, verify_hashes: bool = False) -> dict:
             raise BundleError(f"{path}: manifest lacks '{key}'")
     if manifest["dtype"] not in DTYPES:
         raise BundleError(f"{path}: unknown dtype '{manifest['dtype']}' (known: {', '.join(DTYPES)})")
+    _check_fields(path, manifest)
     if "target" not in manifest["models"]:
         raise BundleError(f"{path}: manifest has no target model")
     for role, model in manifest["models"].items():
-        _check_model(bundle, role, model)
+        _check_model(bundle, role, model, manifest)
+    _check_listed(path, manifest)
     for rel, record in manifest["files"].items():
         file = root / rel
-        if not file.exists():
+        if not file.is_file():
             raise BundleError(f"{bundle}: missing file {rel}")
         if file.stat().st_size != record["bytes"]:
             raise BundleError(f"{bundle}: {rel} is corrupt (size {file.stat().st_size}, expected {record['bytes']})")
@@ -111,7 +115,45 @@ def read_manifest(bundle: str | Path, verify_hashes: bool = False) -> dict:
     return manifest
 
 
-def _check_model(bundle, role: str, model: dict) -> None:
+def _count(value, least: int) -> bool:
+    return type(value) is int and value >= least
+
+
+def _check_fields(path: Path, m: dict) -> None:
+    """Types and ranges of the top-level fields the runtime reads: a hand-edited manifest is refused in one line
+    here rather than failing somewhere inside a generation."""
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise BundleError(f"{path}: corrupt manifest: {what}")
+    need(_count(m["vocab_size"], 2), f"vocab_size must be an integer >= 2, got {m['vocab_size']!r}")
+    need(_count(m["max_seq_len"], 2), f"max_seq_len must be an integer >= 2, got {m['max_seq_len']!r}")
+    need(_count(m["max_draft"], 1), f"max_draft must be an integer >= 1, got {m['max_draft']!r}")
+    eos = m["eos_token_ids"]
+    need(isinstance(eos, list) and all(_count(i, 0) and i < m["vocab_size"] for i in eos),
+         f"eos_token_ids must be a list of token ids below vocab_size, got {eos!r}")
+    tok = m["tokenizer"]
+    need(isinstance(tok, dict) and isinstance(tok.get("file"), str), "tokenizer must name its 'file'")
+    need(tok.get("chat_template") is None or isinstance(tok["chat_template"], str),
+         "tokenizer.chat_template must be a file name or null")
+    need(isinstance(m["models"], dict) and all(isinstance(v, dict) for v in m["models"].values()),
+         "models must map roles to model entries")
+    need(isinstance(m["files"], dict) and all(isinstance(r, dict) and _count(r.get("bytes"), 0)
+                                              and isinstance(r.get("sha256"), str) for r in m["files"].values()),
+         "files must map each file to its 'bytes' and 'sha256'")
+
+
+def _check_listed(path: Path, m: dict) -> None:
+    """Every file the runtime opens is listed in `files` (so sizes are checked at load, hashes by --verify)."""
+    used = [m["tokenizer"]["file"]] + [model["file"] for model in m["models"].values()]
+    used += [f"{f}.data" for f in used[1:] if (path.parent / f"{f}.data").exists()]     # external weights
+    if m["tokenizer"].get("chat_template"):
+        used.append(m["tokenizer"]["chat_template"])
+    unlisted = [f for f in used if f not in m["files"]]
+    if unlisted:
+        raise BundleError(f"{path}: corrupt manifest: 'files' does not list {', '.join(unlisted)}")
+
+
+def _check_model(bundle, role: str, model: dict, manifest: dict) -> None:
     if model.get("graph_variant") not in GRAPH_VARIANTS:
         raise BundleError(f"{bundle}: {role} graph variant '{model.get('graph_variant')}' is unknown "
                           f"(known: {', '.join(GRAPH_VARIANTS)})")
@@ -127,5 +169,21 @@ def _check_model(bundle, role: str, model: dict) -> None:
     if "vocab_subset" in model:
         raise BundleError(f"{bundle}: its {role} has a lighter LM head (--draft-vocab), which this specedge no "
                           "longer runs; re-export the bundle without --draft-vocab")
+    kv = model["kv"]
+    if not isinstance(model["file"], str) or not isinstance(kv, dict) or not all(
+            _count(kv.get(key), 1) for key in ("num_layers", "num_kv_heads", "head_dim", "slots")):
+        raise BundleError(f"{bundle}: corrupt manifest: the {role} entry needs a 'file' name and 'kv' with integer "
+                          "num_layers, num_kv_heads, head_dim and slots")
+    if model["max_batch"] is not None and not _count(model["max_batch"], 1):
+        raise BundleError(f"{bundle}: corrupt manifest: {role} max_batch must be null or an integer >= 1")
+    # the exporter's headroom for pad rows beyond max_seq_len (step_graph.py): 2, plus max_draft without gqa
+    headroom = 2 + (0 if model["graph_variant"].startswith("static-kv-gqa") else manifest["max_draft"])
+    if kv["slots"] < manifest["max_seq_len"] + headroom:
+        raise BundleError(f"{bundle}: corrupt manifest: the {role} graph has {kv['slots']} KV slots, too few for "
+                          f"max_seq_len {manifest['max_seq_len']} (needs {manifest['max_seq_len'] + headroom})")
+    width = io["outputs"]["logits"].get("shape", [None])[-1] if isinstance(io["outputs"]["logits"], dict) else None
+    if isinstance(width, int) and width != manifest["vocab_size"]:
+        raise BundleError(f"{bundle}: corrupt manifest: the {role} graph returns {width} logits a row, vocab_size "
+                          f"says {manifest['vocab_size']}")
     if len(io["kv"]) != model["kv"]["num_layers"]:
         raise BundleError(f"{bundle}: {role} io names {len(io['kv'])} KV layers, kv says {model['kv']['num_layers']}")

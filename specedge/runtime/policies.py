@@ -10,10 +10,11 @@ requests (adaptive); the others belong to one sequence.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 from specedge.errors import OptionError
+from specedge.runtime.confidence import ConfidenceCalibration
 from specedge.runtime.load_stretches import LoadStretches
+from specedge.runtime.step_costs import CostModel, ema
 
 
 class Policy:
@@ -94,137 +95,10 @@ class HeuristicPolicy(Policy):
         self.k = min(self.k + 2, self.limit) if n_accepted == k else max(1, self.k - 1)
 
 
-# With one size seen, an unseen size s costs c0 * (1 + g * (s - s0) / s0). g = 0.1 per unit (a memory-bound
-# step) made a draft call over 2 rows look 44 ms where it cost 65 ms on the AVX2 EPYC (int4 is compute-bound
-# there) and kept k = 1 at B = 2 while target-only was faster; g = 0.5 errs the other way, and a probe or an
-# exploration step measures a second size soon, after which the line through measured sizes decides.
-SINGLE_POINT_GROWTH = 0.5
-
 # Where the best k beats the plain step by less than this, the plain step is measured again once its last
 # measurement is `recheck_after` steps old: at B = 8 on the int4 pair k = 1 won on paper for 50 steps, against a
 # plain-step estimate taken in a slow burst, and lost 9%. Where speculation wins clearly (2.7x alone) it never is.
 RECHECK_MARGIN = 1.25
-
-
-@dataclass
-class CostCurve:
-    """Seconds as a function of a size: an exponential average per size seen; an unseen size is read off the
-    least-squares line through the seen ones (close to linear in tokens on a CPU), or with one size seen, a
-    prior halfway between free and proportional (SINGLE_POINT_GROWTH).
-
-    The average forgets by the steps gone by since a size was last measured, not by its own samples (`now`: the
-    cost model's step clock): a size measured rarely (the plain step while speculation is on) keeps what it cost
-    when last seen, and on a shared machine that can be a slow burst; one such plain-step estimate, 247 ms against
-    a median of 204, kept k = 1 on for 50 steps at B = 8 where it lost 9%."""
-
-    decay: float = 0.9
-    seen: dict[int, float] = field(default_factory=dict)
-    when: dict[int, int] = field(default_factory=dict)   # size -> the step it was last measured at
-    _line: tuple | None = None                       # (mean size, mean seconds, slope), refitted after observe
-
-    def observe(self, size: int, seconds: float, now: int = 0) -> None:
-        """now: the step clock (left at 0, the average decays per sample)."""
-        keep = self.decay ** max(1, now - self.when.get(size, now))
-        self.seen[size] = _ema(self.seen.get(size), seconds, keep)
-        self.when[size] = now
-        self._line = None
-
-    def __call__(self, size: int) -> float | None:
-        if size in self.seen:
-            return self.seen[size]
-        if not self.seen:
-            return None
-        if len(self.seen) == 1:
-            (s0, c0), = self.seen.items()
-            return max(c0 * (1 + SINGLE_POINT_GROWTH * (size - s0) / s0), 1e-9)
-        if self._line is None:
-            xs, ys = zip(*self.seen.items())
-            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-            self._line = (mx, my, max(slope, 0.0))
-        mx, my, slope = self._line
-        return max(my + slope * (size - mx), 1e-9)
-
-
-@dataclass
-class CostModel:
-    """Seconds per draft step as a function of the rows in the call (B), and per verify phase as a function of
-    the tokens per row (T) at each batch size B: B rows of one token and one row of B tokens do not cost the
-    same (each row attends over its own buffer), so each B seen gets its own curve over T; an unseen B falls
-    back to one curve over the call's total tokens B x T. Both are wall times of the loop's phases, host work
-    included: a cost model that counted only time inside model calls chose k = 1 with a useless cheap draft."""
-
-    draft: CostCurve = field(default_factory=CostCurve)
-    by_batch: dict[int, CostCurve] = field(default_factory=dict)     # B -> seconds over T
-    by_tokens: CostCurve = field(default_factory=CostCurve)          # seconds over B x T
-    steps: int = 0                                                   # the clock the curves forget by
-
-    def observe_draft(self, rows: int, seconds_per_step: float) -> None:
-        """After observe_verify of the same step."""
-        self.draft.observe(rows, seconds_per_step, self.steps)
-
-    def observe_verify(self, tokens: int, seconds: float, batch: int = 1) -> None:
-        """tokens: the call's total tokens B x T. One call a step: it advances the clock."""
-        self.steps += 1
-        self.by_batch.setdefault(batch, CostCurve()).observe(tokens // batch, seconds, self.steps)
-        self.by_tokens.observe(tokens, seconds, self.steps)
-
-    def age(self, batch: int, tokens_per_row: int) -> float:
-        """Steps since a verify of this shape was last measured (inf: never)."""
-        curve = self.by_batch.get(batch)
-        when = curve.when.get(tokens_per_row) if curve is not None else None
-        return math.inf if when is None else self.steps - when
-
-    def measured(self, batch: int, tokens_per_row: int) -> bool:
-        curve = self.by_batch.get(batch)
-        return curve is not None and tokens_per_row in curve.seen
-
-    def widest(self, batch: int) -> int:
-        """The most tokens per row measured in a verify of `batch` rows (0: none)."""
-        curve = self.by_batch.get(batch)
-        return max(curve.seen, default=0) if curve is not None else 0
-
-    def verify(self, tokens: int, batch: int = 1) -> float | None:
-        """Seconds of a verify phase of `tokens` in all (B x T) over `batch` rows."""
-        curve = self.by_batch.get(batch)
-        return curve(tokens // batch) if curve is not None else self.by_tokens(tokens)
-
-    @property
-    def draft_step_s(self) -> float | None:
-        return self.draft(1)
-
-
-class ConfidenceCalibration:
-    """P(draft accepted | its confidence), per confidence bin, learned online.
-
-    The prior is a calibrated draft (acceptance = confidence); forgetting follows a change of prompt.
-    Only drafts the target actually judged (every earlier one accepted) are counted.
-    """
-
-    def __init__(self, bins: int = 10, prior_weight: float = 2.0, forget: float = 0.995):
-        mids = [(i + 0.5) / bins for i in range(bins)]
-        self.bins, self.forget = bins, forget
-        self.prior = [(m * prior_weight, prior_weight) for m in mids]
-        self.accepted = [a for a, _ in self.prior]
-        self.tried = [t for _, t in self.prior]
-
-    def bin(self, confidence: float) -> int:
-        return min(int(confidence * self.bins), self.bins - 1)
-
-    def acceptance(self, confidence: float) -> float:
-        b = self.bin(confidence)
-        return self.accepted[b] / self.tried[b]
-
-    def observe(self, confidences: list[float], n_accepted: int) -> None:
-        for i, c in enumerate(confidences[:n_accepted + 1]):
-            b = self.bin(c)
-            (a0, t0), f = self.prior[b], self.forget
-            self.accepted[b] = f * self.accepted[b] + (1 - f) * a0 + (1.0 if i < n_accepted else 0.0)
-            self.tried[b] = f * self.tried[b] + (1 - f) * t0 + 1.0
-
-
-def _ema(old: float | None, new: float, decay: float) -> float:
-    return new if old is None else decay * old + (1 - decay) * new
 
 
 class AdaptivePolicy(Policy):
@@ -488,7 +362,7 @@ class AdaptivePolicy(Policy):
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         if tokens:
-            self.catch_up_s_per_token = _ema(self.catch_up_s_per_token, seconds / tokens, 0.5)
+            self.catch_up_s_per_token = ema(self.catch_up_s_per_token, seconds / tokens, 0.5)
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         n = len(confidences)

@@ -23,11 +23,15 @@ class Warp:
 
     def probs(self, logits: np.ndarray) -> np.ndarray:
         """logits [N, V] -> probabilities [N, V] (float64 so that p/q ratios are not rounding noise)."""
-        x = np.asarray(logits, dtype=np.float64) / self.temperature
+        x = np.asarray(logits, dtype=np.float64)
+        # the largest logit subtracted before dividing: a tiny temperature then sends the others to -inf (exp 0)
+        # instead of overflowing every logit to inf (inf - inf is nan)
+        with np.errstate(over="ignore"):
+            x = (x - x.max(axis=-1, keepdims=True)) / self.temperature
         if 0 < self.top_k < x.shape[-1]:
             kth = np.partition(x, -self.top_k, axis=-1)[:, -self.top_k][:, None]
             x = np.where(x >= kth, x, -np.inf)
-        x = np.exp(x - x.max(axis=-1, keepdims=True))
+        x = np.exp(x)
         p = x / x.sum(axis=-1, keepdims=True)
         if self.top_p < 1.0:
             p = _nucleus(p, self.top_p)

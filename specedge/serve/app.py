@@ -281,10 +281,19 @@ class Service:
                  n / total if total > 0 else 0.0, req.speculation, extra, " stream" if req.stream else "")
 
     # -- the other endpoints ------------------------------------------------------------------------
+    def _model_card(self) -> dict:
+        return {"id": self.limits.model, "object": "model", "created": self.created, "owned_by": "specedge",
+                "max_model_len": self.gen.max_seq_len}
+
     async def models(self, request: Request, started: float) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.limits.model, "object": "model", "created": self.created, "owned_by": "specedge",
-             "max_model_len": self.gen.max_seq_len}]})
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request, started: float) -> Response:
+        name = request.path_params["model"]
+        if name != self.limits.model:
+            raise APIError(404, f"The model '{name}' does not exist; this server serves '{self.limits.model}'",
+                           "model", "model_not_found")
+        return JSONResponse(self._model_card())
 
     async def health(self, request: Request, started: float) -> Response:
         sched = self.gen.scheduler
@@ -371,6 +380,7 @@ def create_app(gen, limits: Limits, api_key: str | None = None,
         Route("/v1/completions", service.route(completions), methods=["POST"]),
         Route("/v1/chat/completions", service.route(chat), methods=["POST"]),
         Route("/v1/models", service.route(service.models), methods=["GET"]),
+        Route("/v1/models/{model:path}", service.route(service.model), methods=["GET"]),
         Route("/v1/speculation/rejections", service.route(service.rejections_view), methods=["GET"]),
         Route("/v1/speculation/steps", service.route(service.steps_view), methods=["GET"]),
         Route("/health", service.route(service.health, auth=False), methods=["GET"]),

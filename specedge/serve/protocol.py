@@ -13,8 +13,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from specedge.errors import SpecedgeError
+from specedge.errors import OptionError, SpecedgeError
 from specedge.runtime.chat import render_chat
+from specedge.runtime.options import checked_text
 from specedge.serve.errors import APIError, invalid, unsupported
 
 MAX_STOP = 4                  # OpenAI's limit
@@ -135,6 +136,8 @@ def _stops(body: dict) -> tuple[str, ...]:
         raise invalid(f"'stop' takes at most {MAX_STOP} strings, got {len(stops)}", "stop")
     if any(len(s) > MAX_STOP_CHARS for s in stops):
         raise invalid(f"each 'stop' string may have at most {MAX_STOP_CHARS} characters", "stop")
+    for s in stops:
+        _unicode(s, "stop")
     return tuple(s for s in stops if s)
 
 
@@ -168,12 +171,20 @@ def _speculation(body: dict, limits: Limits) -> dict:
     return {"policy": policy, "drafter": drafter}
 
 
+def _unicode(value: str, param: str) -> str:
+    """JSON may carry a lone surrogate ("\\ud800"), which is not text and which the tokenizer refuses."""
+    try:
+        return checked_text(value, f"'{param}'")
+    except OptionError as err:
+        raise invalid(str(err), param) from None
+
+
 def _prompt_ids(body: dict, gen) -> list[int]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]                                   # a batch of one
     if isinstance(prompt, str):
-        return gen.tokenizer.encode(prompt).ids
+        return gen.tokenizer.encode(_unicode(prompt, "prompt")).ids
     if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
         bad = [t for t in prompt if not 0 <= t < gen.vocab_size]
         if bad:
@@ -187,14 +198,14 @@ def _prompt_ids(body: dict, gen) -> list[int]:
 def _message_text(message: dict, i: int) -> str:
     content = message.get("content")
     if isinstance(content, str):
-        return content
+        return _unicode(content, f"messages[{i}].content")
     if isinstance(content, list):
         parts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise unsupported(f"messages[{i}].content", f"a '{kind}' part", " (text parts only)")
-            parts.append(part["text"])
+            parts.append(_unicode(part["text"], f"messages[{i}].content"))
         return "".join(parts)
     raise invalid(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
 

@@ -14,6 +14,7 @@ import time
 
 import uvicorn
 
+from specedge.errors import SpecedgeError
 from specedge.serve.app import DEFAULT_MAX_BODY_BYTES, create_app
 from specedge.serve.protocol import Limits
 
@@ -64,9 +65,28 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def serve_forever(gen, limits: Limits, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+def listen(host: str, port: int) -> socket.socket:
+    """A bound socket for host:port (port 0: any free one), or a one-line SpecedgeError saying why not: bound
+    before the model loads, so a port in use fails at once and clearly."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, address = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as err:
+        raise SpecedgeError(f"cannot listen on {host}:{port}: {getattr(err, 'strerror', None) or err}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as err:
+        sock.close()
+        raise SpecedgeError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
+    return sock
+
+
+def serve_forever(gen, limits: Limits, sock: socket.socket, api_key: str | None = None,
                   drain_timeout: float = 30.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
-    """Serves until SIGTERM / SIGINT; drains, closes the generator, returns."""
+    """Serves on a bound socket (listen) until SIGTERM / SIGINT; drains, closes the generator, returns."""
+    host, port = sock.getsockname()[:2]
     if not is_loopback(host) and not api_key:
         log.warning("listening on %s without --api-key: anyone who can reach this port can use the server", host)
     app = create_app(gen, limits, api_key=api_key, max_body_bytes=max_body_bytes)
@@ -75,16 +95,22 @@ def serve_forever(gen, limits: Limits, host: str = "127.0.0.1", port: int = 8000
     # that we get to close the generator and exit normally
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        log.info("serving %s on http://%s:%d/v1 (max batch %d, default policy %s, drain timeout %gs)",
-                 limits.model, host, port, gen.max_batch, limits.policy, drain_timeout)
-        server.run()
+        log.info("serving %s on http://%s:%d/v1 (max batch %d, default policy %s, drain timeout %gs%s)",
+                 limits.model, _url_host(host), port, gen.max_batch, limits.policy, drain_timeout,
+                 ", API key required" if api_key else "")
+        server.run(sockets=[sock])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         gen.close()
+        sock.close()
         log.info("stopped")
     if not server.started:
-        raise OSError(f"could not listen on {host}:{port} (see the log above)")
+        raise SpecedgeError(f"could not serve on {host}:{port} (see the log above)")
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 class ServerThread:
@@ -98,9 +124,7 @@ class ServerThread:
                  drain_timeout: float = 5.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
         self.app = create_app(gen, limits, api_key=api_key, max_body_bytes=max_body_bytes)
         self.service = self.app.state.service
-        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((host, port))
+        self.sock = listen(host, port)
         self.host, self.port = host, self.sock.getsockname()[1]
         self.server = _DrainingServer(_config(self.app, host, self.port, drain_timeout), self.service, drain_timeout)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
@@ -108,7 +132,7 @@ class ServerThread:
 
     @property
     def base(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"http://{_url_host(self.host)}:{self.port}"
 
     @property
     def url(self) -> str:

@@ -1,0 +1,104 @@
+"""Checking what a caller passes: generation options, prompts and token ids, each a one-line OptionError.
+
+Types are checked, not coerced: `max_new_tokens="5"` or `seed=1.5` from a Python caller is a mistake to name,
+not a value to guess at (bools are refused where a number is meant, numpy integers and floats are taken).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import replace
+
+from specedge.errors import OptionError
+from specedge.runtime.policies import make_policy
+from specedge.runtime.sequences import DRAFTERS, GenerationOptions
+
+
+def integer(name: str, value, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise OptionError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        bound = f"at least {lo}" if hi is None else f"between {lo} and {hi}"
+        raise OptionError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def real(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise OptionError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise OptionError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def checked_text(value, what: str = "the prompt") -> str:
+    """A str that encodes to UTF-8 (a lone surrogate, e.g. from undecodable bytes on stdin, does not)."""
+    if not isinstance(value, str):
+        raise OptionError(f"{what} must be a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise OptionError(f"{what} is not valid Unicode (a lone surrogate at character {err.start}; "
+                          "undecodable bytes in the input?)") from None
+    return value
+
+
+def token_ids(ids, vocab_size: int) -> list[int]:
+    """A prompt given as token ids: a sequence of integers in 0 .. vocab_size - 1."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise OptionError(f"prompt ids must be a list of integers, got {type(ids).__name__}")
+    ids = list(ids)
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+            raise OptionError(f"prompt ids must be integers, got {i!r}")
+        if not 0 <= i < vocab_size:
+            raise OptionError(f"token id {int(i)} is outside the vocabulary (0..{vocab_size - 1})")
+    return [int(i) for i in ids]
+
+
+def stop_strings(stop) -> tuple[str, ...]:
+    """One string is one stop string (not one per character); else an iterable of strings."""
+    stops = (stop,) if isinstance(stop, str) else stop
+    if not hasattr(stops, "__iter__"):
+        raise OptionError(f"stop must be a string or a list of strings, got {stop!r}")
+    stops = tuple(stops)
+    for s in stops:
+        checked_text(s, "each stop string")
+    return tuple(s for s in stops if s)
+
+
+def generation_options(options: dict, max_draft: int) -> GenerationOptions:
+    """Keyword options -> validated GenerationOptions (every bound explicit)."""
+    unknown = set(options) - set(GenerationOptions.__dataclass_fields__)
+    if unknown:
+        raise OptionError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    o = replace(GenerationOptions(), **options)
+    temperature = real("temperature", o.temperature)
+    if temperature < 0:
+        raise OptionError(f"temperature must be >= 0, got {temperature}")
+    top_p = real("top_p", o.top_p)
+    if not 0.0 < top_p <= 1.0:
+        raise OptionError(f"top_p must be in (0, 1], got {top_p}")
+    policy, drafter = o.policy, o.drafter
+    if policy is not None:
+        if not isinstance(policy, str):
+            raise OptionError(f"policy must be a name such as 'adaptive' or 'fixed:4', got {policy!r}")
+        make_policy(policy, max_draft)          # validates the name
+    if drafter not in DRAFTERS:
+        raise OptionError(f"unknown drafter {drafter!r} (known: {', '.join(DRAFTERS)})")
+    k = integer("k", o.k, 0)
+    if k > max_draft:
+        raise OptionError(f"k must be between 0 and the bundle's max_draft {max_draft}, got {k}")
+    return replace(
+        o, max_new_tokens=integer("max_new_tokens", o.max_new_tokens, 1), temperature=temperature,
+        top_k=integer("top_k", o.top_k, 0), top_p=top_p,
+        seed=None if o.seed is None else integer("seed", o.seed, 0, 2**63 - 1),
+        k=k, use_draft=flag("use_draft", o.use_draft), chat=flag("chat", o.chat),
+        ignore_eos=flag("ignore_eos", o.ignore_eos), stop=stop_strings(o.stop))
+

@@ -122,6 +122,11 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
                cuda_graphs=cuda_graphs)
     if gen.backend_choice:
         click.echo(gen.backend_choice, err=True)
+    asked = click.get_current_context().get_parameter_source
+    if gen.draft is None and not no_draft and policy is None and drafter == "model" and \
+            asked("k") == click.core.ParameterSource.DEFAULT:        # as `serve` does; an explicit --k still errs
+        click.echo("this bundle has no draft model: the target runs alone", err=True)
+        no_draft = True
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                    k=0 if no_draft else k, use_draft=not no_draft, stop=stop, chat=chat, ignore_eos=ignore_eos,
                    policy=policy, drafter=drafter)

@@ -175,5 +175,7 @@ def test_target_only_bundle_refuses_speculation(sources, tmp_path, capsys):
     _, target = sources
     out = export_bundle(str(target), None, tmp_path / "solo", max_seq_len=64, progress=None)
     assert load(out).generate("ab", max_new_tokens=5, k=0).stats.new_tokens >= 1
-    code, err = run_cli(capsys, "generate", str(out), "--prompt", "ab")
+    code, err = run_cli(capsys, "generate", str(out), "--prompt", "ab", "--k", "4")
     assert code == 2 and "no draft model" in err
+    assert main(["generate", str(out), "--prompt", "ab", "--max-new-tokens", "3"]) == 0    # no --k: target alone
+    assert "the target runs alone" in capsys.readouterr().err

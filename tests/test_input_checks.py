@@ -109,6 +109,7 @@ def test_prompt_ids_are_checked_against_the_vocabulary(gen, ids, message):
     ({"stop": 5}, "stop must be a string or a list"),
     ({"chat": "yes"}, "chat must be True or False"),
     ({"drafter": ["model"]}, "unknown drafter"),
+    ({"use_draft": False, "policy": "fixed:3"}, "runs the target alone; policy 'fixed:3' would draft"),
 ])
 def test_options_of_the_wrong_type_are_named(gen, options, message):
     with pytest.raises(OptionError, match=message):

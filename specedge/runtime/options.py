@@ -90,6 +90,8 @@ def generation_options(options: dict, max_draft: int) -> GenerationOptions:
         if not isinstance(policy, str):
             raise OptionError(f"policy must be a name such as 'adaptive' or 'fixed:4', got {policy!r}")
         make_policy(policy, max_draft)          # validates the name
+    if o.use_draft is False and policy not in (None, "target"):
+        raise OptionError(f"use_draft=False (--no-draft) runs the target alone; policy '{policy}' would draft")
     if drafter not in DRAFTERS:
         raise OptionError(f"unknown drafter {drafter!r} (known: {', '.join(DRAFTERS)})")
     k = integer("k", o.k, 0)

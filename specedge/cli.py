@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -98,7 +99,8 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
 @click.option("--top-k", default=0, show_default=True, type=NON_NEGATIVE, help="0 = off.")
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True), help="1 = off.")
 @click.option("--seed", default=None, type=SEED, help="Makes a sampled run reproducible.")
-@click.option("--k", "k", default=4, show_default=True, type=NON_NEGATIVE, help="Draft tokens per verify call.")
+@click.option("--k", "k", default=4, show_default=True, type=NON_NEGATIVE,
+              help="Draft tokens per verify call (the default is capped by the bundle's max_draft).")
 @click.option("--no-draft", is_flag=True, help="Target alone (the baseline).")
 @click.option("--policy", default=None,
               help="How many to draft: fixed:K | heuristic | adaptive | adaptive:stop | target (default: fixed --k).")
@@ -128,8 +130,9 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
         click.echo("this bundle has no draft model: the target runs alone", err=True)
         no_draft = True
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                   k=0 if no_draft else k, use_draft=not no_draft, stop=stop, chat=chat, ignore_eos=ignore_eos,
-                   policy=policy, drafter=drafter)
+                   use_draft=not no_draft, stop=stop, chat=chat, ignore_eos=ignore_eos, policy=policy, drafter=drafter)
+    if no_draft or asked("k") != click.core.ParameterSource.DEFAULT:
+        options["k"] = 0 if no_draft else k          # else the runtime's default, capped by the bundle's max_draft
     if as_json:
         result = gen.generate(prompt, **options)
         click.echo(json.dumps(result.to_json(gen.decode), ensure_ascii=False))
@@ -190,6 +193,8 @@ def bench(bundle, prompts_file, policies, batches, max_new_tokens, temperature, 
         click.echo(gen.backend_choice, err=True)
     if gen.draft is None:
         names = [n for n in names if n.split("@")[0] == "target" or n.endswith("@ngram")]
+    if not policies:                          # the default list's fixed:K the bundle was not exported for
+        names = [n for n in names if not _fixed_beyond(n, gen.max_draft)]
 
     def progress(done, total, label):
         width = 30
@@ -379,6 +384,11 @@ class _InterruptWatch:
             signal.signal(signal.SIGINT, self.previous)
 
 
+def _fixed_beyond(name: str, max_draft: int) -> bool:
+    policy = name.split("@")[0]
+    return policy.startswith("fixed:") and policy[6:].isdigit() and int(policy[6:]) > max_draft
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -445,8 +455,9 @@ def serve(bundle, host, port, max_batch, max_queue, api_key, served_model_name, 
     except ImportError as err:
         raise _serve_extra(err) from err
 
-    if api_key == "":
-        raise OptionError("--api-key is empty: every request would be refused; give a key or leave the option out")
+    if api_key == "" or (api_key is None and os.environ.get("SPECEDGE_API_KEY") == ""):   # click drops an empty env
+        raise OptionError("--api-key (or SPECEDGE_API_KEY) is empty: give a key, or leave the option and the variable "
+                          "out to serve without one")
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = EngineConfig(bundle=bundle, max_batch=max_batch, max_queue=max_queue, served_model_name=served_model_name,

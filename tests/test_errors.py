@@ -7,7 +7,7 @@ import pytest
 
 import tiny_models as tm
 from specedge.cli import main
-from specedge.errors import BundleError, ExportError
+from specedge.errors import BundleError, ExportError, OptionError
 from specedge.export import export_bundle
 from specedge.runtime import load
 
@@ -175,6 +175,9 @@ def test_target_only_bundle_refuses_speculation(sources, tmp_path, capsys):
     _, target = sources
     out = export_bundle(str(target), None, tmp_path / "solo", max_seq_len=64, progress=None)
     assert load(out).generate("ab", max_new_tokens=5, k=0).stats.new_tokens >= 1
+    assert load(out).generate("ab", max_new_tokens=5).stats.n_drafted == 0      # no k given: target alone
+    with pytest.raises(OptionError, match="no draft model"):
+        load(out).generate("ab", max_new_tokens=5, k=4)
     code, err = run_cli(capsys, "generate", str(out), "--prompt", "ab", "--k", "4")
     assert code == 2 and "no draft model" in err
     assert main(["generate", str(out), "--prompt", "ab", "--max-new-tokens", "3"]) == 0    # no --k: target alone

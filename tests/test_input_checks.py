@@ -182,3 +182,29 @@ def test_ctrl_c_is_reported_as_an_interruption_whatever_it_became(capsys):
     assert capsys.readouterr().err.strip() == "specedge: interrupted"
     with pytest.raises(ValueError):
         _report(ValueError("a bug"), interrupted=False)         # not swallowed: a real bug still shows
+
+
+def test_a_bundle_exported_for_fewer_draft_tokens_runs_with_the_defaults(workdir, capsys):
+    """--max-draft 2: the default k (4) is capped to 2 instead of refusing every call that names no k, a named
+    policy decides k itself, and bench's default list leaves out fixed:4 and fixed:8."""
+    import tiny_models as tm
+    from conftest import _export
+
+    target = tm.make_model("qwen2", 260, seed=1)
+    bundle = _export(workdir, "max-draft-2", target, tm.perturbed(target, seed=3, noise=0.01), tm.byte_tokenizer(),
+                     max_draft=2)
+    gen = load(bundle)
+    assert gen.options().k == 2 and gen.options(policy="adaptive", k=5).k == 5   # a policy decides k itself
+    drafted_at = gen.generate("abc", max_new_tokens=24, ignore_eos=True).stats.drafted_at
+    assert [n > 0 for n in drafted_at] == [True, True]          # k = 2: drafts at positions 1 and 2, never 3
+    assert gen.generate("abc", max_new_tokens=8, ignore_eos=True, policy="adaptive").stats.new_tokens == 8
+    with pytest.raises(OptionError, match="max_draft 2, got 3"):
+        gen.generate("abc", k=3)
+    assert main(["generate", str(bundle), "--prompt", "abc", "--max-new-tokens", "24", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["stats"]["acceptance_per_position"]) == 2
+    out = workdir / "max-draft-2-bench"
+    prompts = workdir / "max-draft-2-prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "abc"}) + "\n")
+    assert main(["bench", str(bundle), "--prompts", str(prompts), "--max-new-tokens", "4", "--out", str(out)]) == 0
+    configs = list(json.loads((out / "results.json").read_text())["policies"])
+    assert "fixed:2" in configs and "fixed:4" not in configs and "fixed:8" not in configs

@@ -456,7 +456,7 @@ def test_sigterm_stops_the_command_cleanly(bundle, tmp_path):
     assert "POST /v1/completions 200" in text and "stopped" in text and "Traceback" not in text
 
 
-def test_serve_refuses_a_busy_port_and_an_empty_key_in_one_line(bundle, capsys):
+def test_serve_refuses_a_busy_port_and_an_empty_key_in_one_line(bundle, capsys, monkeypatch):
     import socket
 
     with socket.socket() as taken:
@@ -470,7 +470,10 @@ def test_serve_refuses_a_busy_port_and_an_empty_key_in_one_line(bundle, capsys):
     assert main(["serve", str(bundle), "--host", "999.1.1.1"]) == 1
     assert capsys.readouterr().err.strip().startswith("specedge: error: cannot listen on 999.1.1.1")
     assert main(["serve", str(bundle), "--api-key", ""]) == 2
-    assert "--api-key is empty" in capsys.readouterr().err
+    assert "--api-key (or SPECEDGE_API_KEY) is empty" in capsys.readouterr().err
+    monkeypatch.setenv("SPECEDGE_API_KEY", "")
+    assert main(["serve", str(bundle)]) == 2
+    assert "is empty" in capsys.readouterr().err
 
 
 def test_a_stream_whose_client_leaves_at_once_is_cancelled(bundle):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -177,10 +178,12 @@ class Generator:
     def options(self, **options) -> GenerationOptions:
         """Validated options (every bound explicit: a bad one is a one-line OptionError)."""
         opts = generation_options(options, self.max_draft)
+        if self.draft is None and "k" not in options and opts.policy is None and opts.drafter == "model":
+            opts = replace(opts, k=0)         # a target-only bundle runs the target alone unless asked to draft
         spec = self._policy_spec(opts)
         if spec != "target" and opts.drafter in ("model", "hybrid") and self.draft is None:
             if opts.policy is None:
-                raise OptionError("this bundle has no draft model; use --no-draft or k=0")
+                raise OptionError("this bundle has no draft model; use --no-draft (k=0), or --drafter ngram")
             raise OptionError(f"drafter '{opts.drafter}' needs a draft model and this bundle has none; "
                               "use --no-draft or --drafter ngram")
         return opts

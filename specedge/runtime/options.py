@@ -94,8 +94,10 @@ def generation_options(options: dict, max_draft: int) -> GenerationOptions:
         raise OptionError(f"use_draft=False (--no-draft) runs the target alone; policy '{policy}' would draft")
     if drafter not in DRAFTERS:
         raise OptionError(f"unknown drafter {drafter!r} (known: {', '.join(DRAFTERS)})")
-    k = integer("k", o.k, 0)
-    if k > max_draft:
+    # k left out: the default, capped by what the bundle was exported for (a --max-draft 2 bundle runs k = 2);
+    # a named policy decides k itself, so a given k is then only type-checked
+    k = integer("k", o.k, 0) if "k" in options else min(o.k, max_draft)
+    if k > max_draft and policy is None:
         raise OptionError(f"k must be between 0 and the bundle's max_draft {max_draft}, got {k}")
     return replace(
         o, max_new_tokens=integer("max_new_tokens", o.max_new_tokens, 1), temperature=temperature,

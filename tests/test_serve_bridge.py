@@ -216,3 +216,15 @@ def test_rejections_aggregate_with_token_classes():
 def test_token_classes(text, cls):
     assert token_class(text) == cls
     assert token_class(text, special=True) == "special"
+
+
+def test_a_gqa_bundle_serves_one_at_a_time_and_says_so_at_start(bundle, arch_bundles, caplog):
+    from specedge.serve.engine import EngineConfig, load_engine
+
+    for path, slots, warned in ((arch_bundles["qwen2"], 1, True), (bundle, 8, False)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="specedge.serve"):
+            gen, limits = load_engine(EngineConfig(bundle=str(path), threads=1))
+        gen.close()
+        assert gen.max_batch == slots and limits.policy == "adaptive"
+        assert any("--attention standard to batch them" in r.message for r in caplog.records) is warned

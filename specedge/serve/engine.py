@@ -4,10 +4,13 @@ every Ray Serve replica (ray_app.py) serve exactly the same thing from the same 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from specedge.serve.protocol import Limits
+
+log = logging.getLogger("specedge.serve")
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,12 @@ def load_engine(config: EngineConfig):
     at start, not at the first request."""
     from specedge.runtime import load
 
+    max_batch = config.resolved_max_batch()
+    if config.max_batch is None and max_batch == 1:
+        log.warning("this bundle runs one sequence per call (exported with the default --attention gqa): requests "
+                    "are served one at a time; export with --attention standard to batch them")
     gen = load(config.bundle, backend=config.backend, threads=config.threads, target_rows=config.target_rows,
-               max_batch=config.resolved_max_batch(), max_queue=config.max_queue, background=True,
+               max_batch=max_batch, max_queue=config.max_queue, background=True,
                device_id=config.device_id, cuda_graphs=config.cuda_graphs)
     policy = config.policy
     if policy is None:

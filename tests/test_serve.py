@@ -514,6 +514,6 @@ def test_a_stream_whose_client_leaves_at_once_is_cancelled(bundle):
             time.sleep(0.02)
         assert not gen.scheduler.running and not gen.scheduler.waiting
         assert not service.active and not service._unstarted
-        assert gen.counters["steps"] < 100
+        assert gen.counters.get("steps", 0) < 100            # none at all when the cancel comes first
     finally:
         gen.close()

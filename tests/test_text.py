@@ -43,3 +43,15 @@ def test_stop_strings_release_everything_without_stop():
     stops = StopStrings(["STOP"])
     released = "".join(stops.push(p) for p in ["ST", "O", "x", "yz"]) + stops.flush()
     assert not stops.stopped and released == "STOxyz"
+
+
+def test_a_run_of_invalid_bytes_is_released_not_held_to_the_end(tmp_path):
+    """A model emitting bytes that never complete a character: the text comes out as it goes (with U+FFFD), and
+    the window decoded each step stays short."""
+    tok = _tokenizer(tmp_path)
+    bad = tok.encode("é").ids[1]                      # a lone UTF-8 continuation byte
+    decoder = IncrementalDecoder(tok)
+    pieces = [decoder.push([bad]) for _ in range(40)]
+    assert sum(1 for p in pieces if p) >= 4           # released every few ids, not only at the end
+    assert len(decoder.ids) - decoder.prefix_offset <= 2 * 9      # the window decoded each step stays short
+    assert (("".join(pieces) + decoder.flush()).count("\ufffd")) == 40

@@ -85,13 +85,15 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
     live = [s for s in live if draft_ready(s)]   # a draft far behind catches up only where that pays
     alone = len(rows) == 1                     # no other row to stall: catch up all at once, and draft this step
     for s in live:
+        # a seeded sampled row catches up all at once in a batch too: its draws must fall where they fall alone
+        whole = alone or (s.opts.seed is not None and not s.warp.greedy)
         while len(s.tokens) - s.dft_pos > 2:
             before = s.dft_pos
             seconds = catch_up(m, s)
             record.model_s += seconds
             record.catch_up_s += seconds
             record.catch_up_tokens += s.dft_pos - before
-            if not alone:
+            if not whole:
                 break
     live = [s for s in live if len(s.tokens) - s.dft_pos <= 2]
     confidences = {id(s): [] for s in live}

@@ -169,8 +169,8 @@ class Generator:
 
     def close(self) -> None:
         """Refuses new requests; a background worker stops once the running ones are done."""
-        self._closed = True
-        with self.scheduler.wake:
+        with self.scheduler.wake:               # as _submit checks it: a request is refused or runs, never lost
+            self._closed = True
             self.scheduler.wake.notify_all()
         if self._worker is not None:
             self._worker.join()
@@ -196,8 +196,6 @@ class Generator:
         return opts.policy or (f"fixed:{opts.k}" if opts.k > 0 else "target")
 
     def _submit(self, prompt_ids: list[int], opts: GenerationOptions, on_token, outbox=None) -> Stream:
-        if self._closed:
-            raise SpecedgeError("this generator is closed")
         if not prompt_ids:
             raise SpecedgeError("the prompt is empty after tokenization")
         if len(prompt_ids) >= self.max_seq_len:
@@ -215,9 +213,12 @@ class Generator:
                        tokens=list(prompt_ids), started=time.perf_counter(),
                        **({} if outbox is None else {"outbox": outbox}))
         seq.stats.prompt_tokens = len(prompt_ids)
-        self.scheduler.submit(seq)
-        if self.scheduler.background:
-            self._ensure_worker()
+        with self.scheduler.wake:               # the worker decides to exit under this lock, seeing the queue empty
+            if self._closed:
+                raise SpecedgeError("this generator is closed")
+            self.scheduler.submit(seq)
+            if self.scheduler.background:
+                self._ensure_worker()
         return Stream(seq, self.scheduler)
 
     def _ensure_worker(self) -> None:

@@ -45,11 +45,18 @@ class Scheduler:
         self.events: deque[StepRecord] = deque(maxlen=EVENTS_KEPT)
         self.counters = Counter()                             # target_calls, draft_calls, steps, prefill_chunks
         self.on_step = None             # callback(record) after each decode step, on the driving thread (server metrics)
+        self._inside = threading.local()   # .step: this thread is running an iteration (on_token runs there)
 
     # -- callers' side --------------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
+        if getattr(self._inside, "step", False):
+            # the driving thread holds `drive` (or is the worker): a request made here would wait on itself
+            raise SpecedgeError("generate/stream cannot be called from an on_token callback (it runs inside a step)")
         with self.wake:
-            if len(self.running) + len(self.waiting) >= self.max_batch + self.max_queue:
+            # cancelled requests no longer count: in caller-driven mode nobody retires them until a caller drives,
+            # and dropped streams would otherwise fill the queue for good
+            live = sum(1 for s in (*self.running, *self.waiting) if not s.cancelled.is_set())
+            if live >= self.max_batch + self.max_queue:
                 raise QueueFull(f"the queue is full ({self.max_batch} running, {self.max_queue} waiting); retry later")
             self.waiting.append(seq)
             self.wake.notify()
@@ -75,6 +82,18 @@ class Scheduler:
 
     # -- the worker's side ----------------------------------------------------------------------
     def iterate(self) -> None:
+        """One iteration. Whatever fails outside a model call (a slot move, a bug) ends the running sequences with
+        the error instead of leaving them to wait forever on a dead worker; waiting ones go on."""
+        self._inside.step = True
+        try:
+            self._iterate()
+        except Exception as err:  # noqa: BLE001 - reported to every running sequence's caller
+            self._fail(self.running, err)
+            self.running = []
+        finally:
+            self._inside.step = False
+
+    def _iterate(self) -> None:
         self._retire()
         self._admit()
         joining = [s for s in self.running if s.prefilled < len(s.prompt_ids)]
@@ -86,15 +105,27 @@ class Scheduler:
         self._retire()
 
     def _guard(self, seqs: list[Sequence], fn, *args) -> None:
-        """A failing call ends the sequences it carried with the error; the others and the worker go on."""
+        """A failing call ends the sequences it carried with the error; the others and the worker go on. An
+        interruption (Ctrl+C on the driving thread) rewinds the rows it left half-stepped, then propagates."""
+        before = [(s, s.prefilled, s.tgt_pos, s.dft_pos, len(s.tokens), s.rng.bit_generator.state) for s in seqs]
         try:
             fn(*args)
         except Exception as err:  # noqa: BLE001 - whatever a backend raises is reported to its callers
-            for s in seqs:
-                if not s.done:
-                    s.done = True
-                    s.outbox.put(("error", err if isinstance(err, SpecedgeError) else
-                                  SpecedgeError(f"generation failed: {type(err).__name__}: {err}")))
+            self._fail(seqs, err)
+        except BaseException:
+            for s, prefilled, tgt_pos, dft_pos, n_tokens, rng_state in before:
+                if len(s.tokens) == n_tokens:        # not committed yet: K/V past these positions is scratch
+                    s.prefilled, s.tgt_pos, s.dft_pos = prefilled, tgt_pos, dft_pos
+                    s.rng.bit_generator.state = rng_state
+            raise
+
+    @staticmethod
+    def _fail(seqs: list[Sequence], err: Exception) -> None:
+        for s in seqs:
+            if not s.done:
+                s.done = True
+                s.outbox.put(("error", err if isinstance(err, SpecedgeError) else
+                              SpecedgeError(f"generation failed: {type(err).__name__}: {err}")))
 
     def _admit(self) -> None:
         with self.wake:
@@ -171,8 +202,11 @@ class Scheduler:
         self.events.append(record)
         if self.on_step is not None:
             self.on_step(record)
-        for s in rows:
-            self._commit(s, committed[id(s)])
+        for s in rows:                  # each its own: one caller's failing on_token ends that request only
+            try:
+                self._commit(s, committed[id(s)])
+            except Exception as err:  # noqa: BLE001 - a callback or decoder error, reported to that caller
+                self._fail([s], err)
 
     def _choose_k(self, rows: list[Sequence]) -> None:
         """One k per shared policy for its rows (given the batch), each row's own policy otherwise; capped per row.

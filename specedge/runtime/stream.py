@@ -22,22 +22,28 @@ class Stream:
         return self
 
     def __next__(self) -> str:
-        while self.result is None and self._error is None:
-            try:
-                kind, *payload = self._seq.outbox.get(block=self._scheduler.background)
-            except queue.Empty:
-                self._scheduler.pump(self._seq)          # drive the batch, or wait for whoever drives it
-                continue
-            if kind == "text":
-                piece, ids = payload
-                self.tokens += ids
-                if piece:
-                    return piece
-            elif kind == "done":
-                self.result = payload[0]
-            else:
-                self._error = payload[0]
-                raise self._error
+        if self._error is not None:                      # raised again to whoever asks again (wait() after a loop)
+            raise self._error
+        try:
+            while self.result is None:
+                try:
+                    kind, *payload = self._seq.outbox.get(block=self._scheduler.background)
+                except queue.Empty:
+                    self._scheduler.pump(self._seq)      # drive the batch, or wait for whoever drives it
+                    continue
+                if kind == "text":
+                    piece, ids = payload
+                    self.tokens += ids
+                    if piece:
+                        return piece
+                elif kind == "done":
+                    self.result = payload[0]
+                else:
+                    self._error = payload[0]
+                    raise self._error
+        except KeyboardInterrupt:                        # the caller is gone: its request must not run on
+            self.cancel()
+            raise
         raise StopIteration
 
     def wait(self) -> GenerationResult:

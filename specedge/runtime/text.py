@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 REPLACEMENT = "\ufffd"
+# ids held back for an incomplete character before they are released as they decode (U+FFFD included): a UTF-8
+# character spans at most 4 byte tokens, so more is a model emitting invalid bytes, whose text would otherwise
+# wait for the end of the request while every step re-decoded an ever longer window
+MAX_HELD_IDS = 8
 
 
 class IncrementalDecoder:
@@ -22,10 +26,16 @@ class IncrementalDecoder:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def push(self, new_ids: list[int]) -> str:
-        self.ids.extend(new_ids)
+        # one id at a time, so the text is the same however the ids arrive (several a step when speculating,
+        # one at a time alone): where a run of invalid bytes is released depends on the ids only (~1 us a decode)
+        return "".join(self._push_one(i) for i in new_ids)
+
+    def _push_one(self, new_id: int) -> str:
+        self.ids.append(new_id)
         prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
         full = self._decode(self.ids[self.prefix_offset:])
-        if len(full) > len(prefix) and not full.endswith(REPLACEMENT) and full.startswith(prefix):
+        complete = not full.endswith(REPLACEMENT) or len(self.ids) - self.read_offset > MAX_HELD_IDS
+        if len(full) > len(prefix) and complete and full.startswith(prefix):
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
             return full[len(prefix):]
         return ""

@@ -66,7 +66,10 @@ class Request:
             while True:
                 timeout = None if self.deadline is None else max(0.0, self.deadline - time.perf_counter())
                 try:
-                    kind, *payload = await asyncio.wait_for(self.outbox.queue.get(), timeout)
+                    # what already arrived is read first: a slow reader past the deadline still gets a request that
+                    # finished in time (wait_for with no time left may not take an item that is already queued)
+                    item = self.outbox.queue.get_nowait() if not self.outbox.queue.empty() else None
+                    kind, *payload = item or await asyncio.wait_for(self.outbox.queue.get(), timeout)
                 except (asyncio.TimeoutError, TimeoutError):
                     self.timed_out = True
                     self.cancel()

@@ -228,6 +228,12 @@ def inspect(bundle, verify, backend, device_id, as_json):
     """Describe a bundle: models, shapes, vocabulary, memory per slot, export checks."""
     from specedge.runtime.manifest import read_manifest
 
+    asked = click.get_current_context().get_parameter_source
+    given = [f"--{name.replace('_', '-')}" for name in ("backend", "device_id")
+             if asked(name) != click.core.ParameterSource.DEFAULT]
+    if given and not verify:
+        raise OptionError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} with --verify (the row check "
+                          "runs on that backend); without it inspect reads the manifest only")
     manifest = read_manifest(bundle, verify_hashes=verify)
     rows_equal = min_rows = None
     if verify:

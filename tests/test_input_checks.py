@@ -208,3 +208,9 @@ def test_a_bundle_exported_for_fewer_draft_tokens_runs_with_the_defaults(workdir
     assert main(["bench", str(bundle), "--prompts", str(prompts), "--max-new-tokens", "4", "--out", str(out)]) == 0
     configs = list(json.loads((out / "results.json").read_text())["policies"])
     assert "fixed:2" in configs and "fixed:4" not in configs and "fixed:8" not in configs
+
+
+def test_inspect_says_when_backend_options_do_nothing(arch_bundles, capsys):
+    code, err = cli_error(capsys, "inspect", str(arch_bundles["qwen2"]), "--backend", "cuda")
+    assert code == 2 and "--backend applies with --verify" in err
+    assert main(["inspect", str(arch_bundles["qwen2"])]) == 0

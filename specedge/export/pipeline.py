@@ -98,7 +98,7 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
             say(f"reading draft {draft}")
             sources["draft"] = open_source(draft)
         vocab_size = _shared_vocab(sources, say)
-        tokenizer_info = write_tokenizer(sources["target"].tokenizer, work)
+        tokenizer_info = write_tokenizer(sources["target"].tokenizer, work, say)
         prompts = _check_prompts(sources["target"].tokenizer, vocab_size)
         models, eos_ids = {}, []
         for role, source in sources.items():
@@ -218,13 +218,18 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
         raise ExportError(f"{role}: max_seq_len {max_seq_len} exceeds the sliding window {window} (not supported)")
     if spec.family == "gpt2" and max_seq_len > spec.max_position_embeddings:
         raise ExportError(f"{role}: max_seq_len {max_seq_len} exceeds its {spec.max_position_embeddings} positions")
+    if attention == "gqa" and spec.head_dim % 8:
+        raise ExportError(f"{role}: head_dim {spec.head_dim} is not a multiple of 8, which onnxruntime's "
+                          "GroupQueryAttention needs; export with --attention standard")
     trained = cfg.get("max_position_embeddings")
     if spec.family != "gpt2" and isinstance(trained, int) and max_seq_len > trained:
         say(f"{role}: warning: max_seq_len {max_seq_len} exceeds the {trained} positions the model was made for; "
             "text beyond them may degrade")
     say(f"{role}: loading weights of {architecture} ({spec.num_layers} layers, hidden {spec.hidden_size})")
     model = source.load_model()
-    eos_ids = source.eos_token_ids(model)
+    eos_ids, added = source.eos_token_ids(model)
+    if added:
+        say(f"{role}: also stops at {', '.join(added)}: end-of-turn tokens its config does not list as eos")
     state = model.state_dict()
     final = work / f"{role}.onnx"
     path = final

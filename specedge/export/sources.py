@@ -31,12 +31,21 @@ class Source:
         import transformers
 
         try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(self.where, dtype=torch.float32, **self.extra)
-        except (OSError, ValueError, KeyError) as err:
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(
+                self.where, dtype=torch.float32, output_loading_info=True, **self.extra)
+        except Exception as err:  # noqa: BLE001 - a corrupt file or a shape mismatch raises whatever its library raises
             raise ExportError(f"cannot load weights of {self.description}: {_first_line(err)}") from err
+        # transformers fills what the checkpoint lacks with random values and says so in a log: a bundle of those
+        # would pass its own check (the reference is the same filled model), so a missing tensor is an error
+        missing = sorted(info.get("missing_keys") or ()) + sorted(info.get("mismatched_keys") or ())
+        if missing:
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise ExportError(f"cannot load weights of {self.description}: the checkpoint lacks (or has the wrong "
+                              f"shape for) {', '.join(map(str, missing[:3]))}{more}; nothing was written")
         return model.eval()
 
-    def eos_token_ids(self, model) -> list[int]:
+    def eos_token_ids(self, model) -> tuple[list[int], list[str]]:
+        """-> (every id generation stops at, the end-of-turn tokens among them that the source does not declare)"""
         return _eos_ids(model, self.config, self.tokenizer)
 
 
@@ -80,8 +89,9 @@ def open_source(src: str) -> Source:
     return Source(src, kind, where, extra, cfg, tokenizer)
 
 
-def _eos_ids(model, cfg: dict, tokenizer) -> list[int]:
+def _eos_ids(model, cfg: dict, tokenizer) -> tuple[list[int], list[str]]:
     found: list[int] = []
+    added: list[str] = []
     generation = getattr(model, "generation_config", None)
     for value in (getattr(generation, "eos_token_id", None), cfg.get("eos_token_id"), tokenizer.eos_token_id):
         for tid in value if isinstance(value, (list, tuple)) else [value]:
@@ -92,4 +102,5 @@ def _eos_ids(model, cfg: dict, tokenizer) -> list[int]:
         tid = tokenizer.convert_tokens_to_ids(text) if text in tokenizer.get_vocab() else None
         if isinstance(tid, int) and tid not in found:
             found.append(tid)
-    return found
+            added.append(f"{text} ({tid})")
+    return found, added

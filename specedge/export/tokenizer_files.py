@@ -6,10 +6,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from specedge.errors import ExportError
+from specedge.errors import BundleError, ExportError
+from specedge.runtime.chat import render_chat
 
 
-def write_tokenizer(tokenizer, work: Path) -> dict:
+def write_tokenizer(tokenizer, work: Path, say=lambda line: None) -> dict:
+    """-> the manifest's tokenizer entry. A chat template the runtime cannot render is left out, said aloud (the
+    bundle then answers chat requests with a clear refusal instead of failing at each one)."""
     if not getattr(tokenizer, "is_fast", False):
         raise ExportError("the source has no fast tokenizer (tokenizer.json); the runtime needs one")
     with tempfile.TemporaryDirectory() as tmp:
@@ -20,7 +23,16 @@ def write_tokenizer(tokenizer, work: Path) -> dict:
         shutil.copyfile(saved, work / "tokenizer.json")
     template = tokenizer.chat_template
     if isinstance(template, dict):
-        template = template.get("default") or next(iter(template.values()))
+        name = "default" if "default" in template else next(iter(template))
+        if name != "default":
+            say(f"warning: the source names chat templates {', '.join(template)} and none 'default'; took '{name}'")
+        template = template[name]
+    if template:
+        try:
+            render_chat(template, [{"role": "user", "content": "hi"}], tokenizer.bos_token, tokenizer.eos_token)
+        except BundleError as err:
+            say(f"warning: {err}; the bundle is written without a chat template (--chat and chat requests refuse)")
+            template = None
     if template:
         (work / "chat_template.jinja").write_text(template)
     return {

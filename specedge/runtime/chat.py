@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, nodes
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from specedge.errors import BundleError
@@ -14,10 +16,23 @@ def _raise(message: str):
     raise TemplateError(message)
 
 
+class _GenerationBlock(Extension):
+    """transformers' `{% generation %}...{% endgeneration %}`: it marks the assistant's text for training masks;
+    for inference, rendering the block is rendering its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 def render_chat(template: str, messages: list[dict], bos_token: str | None, eos_token: str | None) -> str:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
     env.filters["tojson"] = lambda value, indent=None, **_: json.dumps(value, indent=indent, ensure_ascii=False)
     env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)      # as transformers provides it
     try:
         return env.from_string(template).render(messages=messages, add_generation_prompt=True,
                                                 bos_token=bos_token or "", eos_token=eos_token or "")

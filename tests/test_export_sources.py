@@ -105,3 +105,17 @@ def test_end_of_turn_tokens_added_to_the_eos_ids_are_said(source, tmp_path):
     eos = json.loads((tmp_path / "out" / "manifest.json").read_text())["eos_token_ids"]
     said = [line for line in lines if "also stops at" in line]
     assert len(said) == 1 and "<|im_end|>" in said[0] and len(eos) >= 2
+
+
+def test_only_special_tokens_are_added_as_end_of_turn():
+    """Qwen2.5's vocabulary holds "</s>" as plain text (an HTML tag's end): a bundle that stopped there cut code."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from specedge.export.sources import _eos_ids
+
+    tok = Tokenizer(models.WordLevel(vocab={"a": 0, "</s>": 1, "<|im_end|>": 2, "<eos>": 3}, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<|im_end|>", "<eos>"])
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    assert _eos_ids(None, {}, fast) == ([3, 2], ["<|im_end|> (2)"])

@@ -97,9 +97,12 @@ def _eos_ids(model, cfg: dict, tokenizer) -> tuple[list[int], list[str]]:
         for tid in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(tid, int) and tid not in found:
                 found.append(tid)
-    # Chat models end turns with a token that not every config lists as eos.
+    # Chat models end turns with a token that not every config lists as eos; only where it is a special token:
+    # in Qwen2.5's vocabulary "</s>" is plain text (id 128247, an HTML tag's end), and stopping there cut code
+    special = set(tokenizer.all_special_tokens) | {
+        t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)}
     for text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>"):
-        tid = tokenizer.convert_tokens_to_ids(text) if text in tokenizer.get_vocab() else None
+        tid = tokenizer.convert_tokens_to_ids(text) if text in special else None
         if isinstance(tid, int) and tid not in found:
             found.append(tid)
             added.append(f"{text} ({tid})")

@@ -152,7 +152,8 @@ def _shared_vocab(sources: dict[str, Source], say) -> int:
     if "draft" in tokenizers and tokenizers["draft"].get_vocab() != tokenizers["target"].get_vocab():
         vt, vd = tokenizers["target"].get_vocab(), tokenizers["draft"].get_vocab()
         differ = sum(1 for tok, i in vt.items() if vd.get(tok) != i) + len(set(vd) - set(vt))
-        raise ExportError(f"draft and target vocabularies differ ({differ} tokens map to different ids); "
+        raise ExportError(f"draft and target vocabularies differ ({differ} token{'s' if differ != 1 else ''} missing "
+                          "or mapped to different ids); "
                           "speculative decoding needs one shared tokenizer")
     vocab_size = min(rows.values())
     needed = len(tokenizers["target"])

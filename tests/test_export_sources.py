@@ -119,3 +119,22 @@ def test_only_special_tokens_are_added_as_end_of_turn():
     tok.add_special_tokens(["<|im_end|>", "<eos>"])
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
     assert _eos_ids(None, {}, fast) == ([3, 2], ["<|im_end|> (2)"])
+
+
+@pytest.mark.parametrize("max_window_layers,refused", [(2, False), (1, True)])
+def test_qwen2_sliding_window_counts_only_where_a_layer_uses_it(tmp_path, max_window_layers, refused):
+    """use_sliding_window with max_window_layers >= the layer count: every layer attends fully (transformers'
+    layer_types), so a max_seq_len beyond the window is fine; with a sliding layer it is refused."""
+    import transformers
+
+    settings = {**tm.make_config("qwen2", 260).to_dict(), "use_sliding_window": True, "sliding_window": 32,
+                "max_window_layers": max_window_layers, "layer_types": None}
+    config = transformers.Qwen2Config(**settings)
+    assert ("sliding_attention" in config.layer_types) is refused
+    src = tm.save(transformers.Qwen2ForCausalLM(config).eval(), tm.byte_tokenizer(), tmp_path / "swa")
+    if refused:
+        with pytest.raises(ExportError, match="exceeds the sliding window 32"):
+            _export(src, tmp_path / "out")
+    else:
+        _export(src, tmp_path / "out")
+        assert load(tmp_path / "out").generate("ab", max_new_tokens=4, ignore_eos=True).stats.new_tokens == 4

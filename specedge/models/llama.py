@@ -26,6 +26,10 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
 
 
 def sliding_window(cfg: dict) -> int | None:
+    """The window the graph would have to apply (it applies none: export refuses a max_seq_len beyond it)."""
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:          # per layer (Qwen2: only layers from max_window_layers on)
+        return cfg.get("sliding_window") if "sliding_attention" in types else None
     if cfg.get("model_type") == "qwen2" and not cfg.get("use_sliding_window", False):
         return None
     return cfg.get("sliding_window")

@@ -138,3 +138,23 @@ def test_qwen2_sliding_window_counts_only_where_a_layer_uses_it(tmp_path, max_wi
     else:
         _export(src, tmp_path / "out")
         assert load(tmp_path / "out").generate("ab", max_new_tokens=4, ignore_eos=True).stats.new_tokens == 4
+
+
+@pytest.mark.parametrize("max_seq_len,exported", [(64, True), (1024, False)])
+def test_dynamic_rope_exports_within_its_original_length(tmp_path, max_seq_len, exported):
+    """transformers' dynamic NTK scaling changes the frequencies only past max_position_embeddings (512 here):
+    within it the graph's default rope is the same (the export check compares with transformers itself)."""
+    import transformers
+
+    base = tm.make_config("llama", 260).to_dict()
+    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    config = transformers.LlamaConfig(**{**base, "rope_parameters": rope, "rope_scaling": rope})
+    src = tm.save(transformers_model(config), tm.byte_tokenizer(), tmp_path / "dyn")
+    out = tmp_path / "out"
+    if exported:
+        lines = []
+        export_bundle(str(src), None, out, max_seq_len=max_seq_len, max_draft=4, progress=lines.append)
+        assert any("dynamic rope scaling runs as the default" in line for line in lines)
+    else:
+        with pytest.raises(ExportError, match="dynamic rope scaling beyond its original 512 positions"):
+            export_bundle(str(src), None, out, max_seq_len=max_seq_len, max_draft=4, progress=None)

@@ -20,6 +20,7 @@ from specedge.export.sources import Source, open_source
 from specedge.export.step_graph import ATTENTION_VARIANTS, StepGraph
 from specedge.export.tokenizer_files import write_tokenizer
 from specedge.models import architecture_of
+from specedge.models.spec import rope_inv_freq
 from specedge.models.weights import WeightTable
 from specedge.runtime.manifest import FORMAT, FORMAT_VERSION, MANIFEST, file_record, read_manifest
 
@@ -219,6 +220,16 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
         raise ExportError(f"{role}: max_seq_len {max_seq_len} exceeds the sliding window {window} (not supported)")
     if spec.family == "gpt2" and max_seq_len > spec.max_position_embeddings:
         raise ExportError(f"{role}: max_seq_len {max_seq_len} exceeds its {spec.max_position_embeddings} positions")
+    if spec.rope.get("type") == "dynamic":
+        # dynamic NTK scaling changes the frequencies only past the original length: within it, it is the default
+        original = cfg.get("max_position_embeddings")
+        if not isinstance(original, int) or max_seq_len > original:
+            raise ExportError(f"{role}: dynamic rope scaling beyond its original {original} positions is not "
+                              f"supported; export with --max-seq-len {original} or less")
+        spec.rope = {"type": "default", "theta": spec.rope["theta"]}
+        say(f"{role}: dynamic rope scaling runs as the default within its {original} positions")
+    if spec.rope:
+        rope_inv_freq(spec.rope, spec.head_dim)            # an unsupported scaling refused before the weights load
     if attention == "gqa" and spec.head_dim % 8:
         raise ExportError(f"{role}: head_dim {spec.head_dim} is not a multiple of 8, which onnxruntime's "
                           "GroupQueryAttention needs; export with --attention standard")

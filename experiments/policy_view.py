@@ -19,6 +19,7 @@ import time
 
 from concurrent_trace import cell   # experiments/ is on sys.path when run as a script
 
+from specedge.bench.batch import parse_batches
 from specedge.bench.step_gain import plain_step_s, speculation_effect
 from specedge.runtime import load, policies
 
@@ -54,7 +55,7 @@ def main() -> None:
     for p in ("target", "fixed:4", "adaptive"):                 # warm-up, as bench-serve's
         cell(gen, p, 1, 1, args.tokens)
     cells = []
-    for c in (int(x) for x in args.concurrency.split(",")):
+    for c in parse_batches(args.concurrency, "--concurrency"):
         for p in ("target", "fixed:4", "adaptive"):             # as bench-serve's requests per cell
             first = len(WEIGHINGS)
             steps, res = cell(gen, p, c, max(4, 2 * c), args.tokens)

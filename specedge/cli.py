@@ -127,8 +127,7 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
     asked = click.get_current_context().get_parameter_source
     if gen.draft is None and not no_draft and policy is None and drafter == "model" and \
             asked("k") == click.core.ParameterSource.DEFAULT:        # as `serve` does; an explicit --k still errs
-        click.echo("this bundle has no draft model: the target runs alone", err=True)
-        no_draft = True
+        click.echo("this bundle has no draft model: the target runs alone", err=True)   # the runtime's default
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                    use_draft=not no_draft, stop=stop, chat=chat, ignore_eos=ignore_eos, policy=policy, drafter=drafter)
     if no_draft or asked("k") != click.core.ParameterSource.DEFAULT:
@@ -194,7 +193,7 @@ def bench(bundle, prompts_file, policies, batches, max_new_tokens, temperature, 
     if gen.draft is None:
         names = [n for n in names if n.split("@")[0] == "target" or n.endswith("@ngram")]
     if not policies:                          # the default list's fixed:K the bundle was not exported for
-        names = [n for n in names if not _fixed_beyond(n, gen.max_draft)]
+        names = [n for n in names if _runs_here(n, gen.max_draft)]
 
     def progress(done, total, label):
         width = 30
@@ -390,9 +389,14 @@ class _InterruptWatch:
             signal.signal(signal.SIGINT, self.previous)
 
 
-def _fixed_beyond(name: str, max_draft: int) -> bool:
-    policy = name.split("@")[0]
-    return policy.startswith("fixed:") and policy[6:].isdigit() and int(policy[6:]) > max_draft
+def _runs_here(name: str, max_draft: int) -> bool:
+    from specedge.runtime.policies import make_policy
+
+    try:
+        make_policy(name.split("@")[0], max_draft)      # refuses a fixed:K beyond max_draft
+    except OptionError:
+        return False
+    return True
 
 
 def _one_line(text: str) -> str:

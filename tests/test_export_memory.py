@@ -1,5 +1,5 @@
 """Export never holds the torch model and an onnxruntime session of its graph at once (together they were the
-export's peak: 13.9 GB for the fp32 1.5B target, 8.9 GB since)."""
+export's peak: 13.87 GiB for the fp32 1.5B target, 8.88 GiB since; docs/export-memory.md)."""
 
 import gc
 import weakref

@@ -276,7 +276,7 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     ids = random_ids(vocab_size)
     quality = None
     # everything the checks need from torch is computed first and the model freed before onnxruntime loads the
-    # graph: the two at once were the export's peak (13.9 GB for the fp32 1.5B target, 8.9 GB without)
+    # graph: the two at once were the export's peak (13.87 GiB for the fp32 1.5B target, 8.88 GiB without)
     sources_out = source_logits(model, prompts, vocab_size) if quantization is not None else None
     if quantization is not None:
         entry["quantization"] = {**quantization.to_json(), "embedding": graph.quantize_embedding}

@@ -152,6 +152,41 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
 
 @cli.command()
 @click.argument("bundle", type=click.Path())
+@click.option("--system", default=None, help="A system message that opens the conversation.")
+@click.option("--max-new-tokens", default=512, show_default=True, type=POSITIVE, help="Per reply.")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0), help="0 = greedy.")
+@click.option("--top-k", default=0, show_default=True, type=NON_NEGATIVE, help="0 = off.")
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True), help="1 = off.")
+@click.option("--seed", default=None, type=SEED, help="Makes sampled replies reproducible.")
+@click.option("--policy", default=None,
+              help="How many to draft: fixed:K | heuristic | adaptive | adaptive:stop | target [default: adaptive, "
+                   "or target for a bundle without a draft].")
+@click.option("--drafter", default="model", show_default=True, type=click.Choice(["model", "ngram", "hybrid"]))
+@click.option("--stats/--no-stats", default=True, show_default=True,
+              help="A line per reply on stderr: tok/s, time to first token, prompt tokens from the cache.")
+@threads_option
+@backend_option
+@gpu_options
+def chat(bundle, system, max_new_tokens, temperature, top_k, top_p, seed, policy, drafter, stats, threads, backend,
+         device_id, cuda_graphs):
+    """Chat with a bundle in the terminal (its chat template; each turn prefills only what is new)."""
+    from specedge.chat_repl import run_chat
+    from specedge.runtime import load
+
+    gen = load(bundle, backend=backend, threads=threads, device_id=device_id, cuda_graphs=cuda_graphs)
+    if gen.backend_choice:
+        click.echo(gen.backend_choice, err=True)
+    if policy is None:
+        policy = "adaptive" if gen.draft is not None or drafter == "ngram" else "target"
+    options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                   policy=policy, drafter=drafter)
+    gen.options(**options)                            # a bad option is an error before the first line is read
+    gen.encode_messages([{"role": "user", "content": "hi"}])    # and so is a bundle without a chat template
+    run_chat(gen, system, options, show_stats=stats)
+
+
+@cli.command()
+@click.argument("bundle", type=click.Path())
 @click.option("--prompts", "prompts_file", default=None, type=click.Path(dir_okay=False),
               help="JSONL, one {\"prompt\": ..., \"chat\": false} per line (default: a built-in code set).")
 @click.option("--policies", default=None,
@@ -434,6 +469,9 @@ def _serve_extra(err: ImportError) -> SpecedgeError:
               help="On SIGTERM / Ctrl+C: seconds in-flight requests may take to finish before they are cancelled.")
 @click.option("--max-body-bytes", default=1 << 20, show_default=True, type=POSITIVE,
               help="Largest request body (413 beyond it).")
+@click.option("--prompt-cache/--no-prompt-cache", default=True, show_default=True,
+              help="Free KV slots keep their text: a request starting with it (a conversation's next turn, a shared "
+                   "system prompt) prefills only the rest (usage.prompt_tokens_details.cached_tokens).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--ray", "use_ray", is_flag=True,
@@ -454,8 +492,8 @@ def _serve_extra(err: ImportError) -> SpecedgeError:
 @gpu_options
 @target_rows_option
 def serve(bundle, host, port, max_batch, max_queue, api_key, served_model_name, policy, drafter, request_timeout,
-          drain_timeout, max_body_bytes, log_level, use_ray, replicas, autoscale, target_ongoing_requests, replica_cpus,
-          ray_address, threads, backend, device_id, cuda_graphs, target_rows):
+          drain_timeout, max_body_bytes, prompt_cache, log_level, use_ray, replicas, autoscale, target_ongoing_requests,
+          replica_cpus, ray_address, threads, backend, device_id, cuda_graphs, target_rows):
     """Serve a bundle over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /metrics)."""
     import logging
 
@@ -472,7 +510,8 @@ def serve(bundle, host, port, max_batch, max_queue, api_key, served_model_name, 
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = EngineConfig(bundle=bundle, max_batch=max_batch, max_queue=max_queue, served_model_name=served_model_name,
                           policy=policy, drafter=drafter, request_timeout=request_timeout, threads=threads,
-                          backend=backend, device_id=device_id, cuda_graphs=cuda_graphs, target_rows=_rows(target_rows))
+                          backend=backend, device_id=device_id, cuda_graphs=cuda_graphs, target_rows=_rows(target_rows),
+                          prompt_cache=prompt_cache)
     if use_ray:
         _serve_on_ray(config, host, port, api_key, drain_timeout, max_body_bytes, log_level, replicas, autoscale,
                       target_ongoing_requests, replica_cpus, ray_address)

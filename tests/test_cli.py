@@ -100,3 +100,27 @@ def test_quantized_export_and_inspect(tmp_path):
     spec = json.loads(specedge("generate", str(tmp_path / "bundle"), "--prompt", "ab", "--max-new-tokens", "30",
                                "--ignore-eos", "--json", "--k", "4").stdout)
     assert spec["tokens"] == base["tokens"]
+
+
+def test_chat_keeps_the_conversation_and_prefills_only_each_new_turn(cli_bundle):
+    proc = subprocess.run([sys.executable, "-m", "specedge.cli", "chat", str(cli_bundle), "--max-new-tokens", "8",
+                           "--system", "Be brief."], input="hello\n\nsecond question\n/reset\nthird\n",
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    turns = [line for line in proc.stderr.splitlines() if line.startswith("[8 tokens")]
+    assert len(turns) == 3, proc.stderr                      # the empty line is no turn
+    cached = [int(line.split(" tokens, ")[-1].split(" from the cache")[0]) for line in turns]
+    prompts = [int(line.split("prompt ")[1].split(" tokens")[0]) for line in turns]
+    assert cached[0] == 0 and cached[1] > prompts[0] // 2       # turn 2 starts from turn 1's text
+    assert prompts[2] < prompts[1]                              # /reset: a new conversation
+    assert "(a new conversation)" in proc.stderr
+
+
+def test_chat_without_a_chat_template_is_a_one_line_error(tmp_path):
+    tok = tm.byte_tokenizer()
+    tm.save(tm.make_model("llama", 260, seed=11), tok, tmp_path / "target")
+    specedge("export", "--target", str(tmp_path / "target"), "--draft", "none", "--out", str(tmp_path / "b"),
+             "--max-seq-len", "64")
+    proc = specedge("chat", str(tmp_path / "b"), check=False)
+    assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0
+    assert "no chat template" in proc.stderr

@@ -85,6 +85,40 @@ def test_completion_and_chat_match_the_runtime(server):
     assert again.usage.prompt_tokens > chat.usage.prompt_tokens
 
 
+def test_a_conversation_s_next_turn_reports_its_cached_prompt_tokens(server):
+    """The prompt cache: the next turn of a conversation prefills only what is new, says so in OpenAI's usage shape,
+    and answers exactly as a server without the cache does (the runtime with its cache cleared)."""
+    srv, gen = server
+    c = client(srv)
+    wait_idle(srv)
+    messages = [{"role": "user", "content": "tell me about caches"}]
+    first = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "and then?"}]
+    chunks = list(c.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    usage = chunks[-1].usage
+    assert usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens // 2
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    wait_idle(srv)
+    gen.clear_prompt_cache()
+    fresh = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    assert fresh.choices[0].message.content == text
+
+
+def test_serve_without_the_prompt_cache(bundle):
+    from specedge.serve.engine import EngineConfig, load_engine
+
+    gen, _ = load_engine(EngineConfig(bundle=str(bundle), threads=1, prompt_cache=False))
+    try:
+        assert gen.scheduler.prompt_cache is False
+    finally:
+        gen.close()
+
+
 @pytest.mark.parametrize("kind", ["completion", "chat"])
 def test_streams_end_with_usage_and_speculation(server, kind):
     srv, gen = server
@@ -326,6 +360,7 @@ def test_metrics_equal_the_sum_of_the_responses(bundle):
             s["accepted_tokens"] for s in specs)
         assert metric("generation_tokens_total") == sum(r.usage.completion_tokens for r in responses)
         assert metric("prompt_tokens_total") == sum(r.usage.prompt_tokens for r in responses)
+        assert metric("prefix_cache_hits_total") == sum(r.usage.prompt_tokens_details.cached_tokens for r in responses)
         assert metric("request_success_total", finished_reason="length") == len(responses)
         assert metric("e2e_request_latency_seconds_count") == metric("time_to_first_token_seconds_count") == 5
         assert metric("num_requests_running") == metric("num_requests_waiting") == 0

@@ -53,6 +53,7 @@ def workload_size(sizes: list[int]) -> int:
 def run_together(gen, prompts: list[dict], batch: int, options: dict, seed: int | None, first: int = 0):
     """Requests first .. first + batch - 1 (prompts cycled, seeds by request index) submitted at once (the worker
     admits them together) -> (results, wall seconds)."""
+    gen.clear_prompt_cache()                                   # every request prefills its whole prompt
     t = time.perf_counter()
     with gen.scheduler.wake:                                   # hold the worker until all B are queued
         streams = []

@@ -86,6 +86,7 @@ def run_bench(gen, prompts: list[dict], policies: list[str], max_new_tokens: int
     for r in range(repeat):
         for i, row in enumerate(prompts):
             for spec in policies:
+                gen.clear_prompt_cache()                       # every run prefills its whole prompt
                 result = gen.generate(row["prompt"], chat=row.get("chat", False), **config_options(spec),
                                       seed=None if seed is None else seed + i, **base)
                 runs[spec][r][i] = result

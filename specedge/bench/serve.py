@@ -249,7 +249,8 @@ def served(bundle: str, max_batch: int, threads: int | None = None, extra_args=(
 
     port = free_port()
     cmd = [sys.executable, "-m", "specedge.cli", "serve", str(bundle), "--port", str(port), "--max-batch",
-           str(max_batch), "--max-queue", "256", *(["--threads", str(threads)] if threads else []), *extra_args]
+           str(max_batch), "--max-queue", "256", "--no-prompt-cache",      # the same prompts again and again
+           *(["--threads", str(threads)] if threads else []), *extra_args]
     log = open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True)
     url = f"http://127.0.0.1:{port}"

@@ -23,7 +23,7 @@ from specedge.runtime.backends.cpu import spinning_mode
 from specedge.runtime.batch_step import Models
 from specedge.runtime.chat import render_chat
 from specedge.runtime.manifest import read_manifest
-from specedge.runtime.options import checked_text, generation_options, integer, token_ids
+from specedge.runtime.options import chat_messages, checked_text, generation_options, integer, token_ids
 from specedge.runtime.policies import make_policy
 from specedge.runtime.row_check import choose_min_rows
 from specedge.runtime.sampling import Warp
@@ -39,7 +39,7 @@ class Generator:
     def __init__(self, bundle: str | Path, backend: str = "cpu", threads: int | None = None,
                  target_rows: str | int = "auto", max_batch: int = 1, max_queue: int = DEFAULT_MAX_QUEUE,
                  background: bool = False, spinning: bool | str | None = None, device_id: int = 0,
-                 cuda_graphs: bool = True, backend_options: dict | None = None):
+                 cuda_graphs: bool = True, backend_options: dict | None = None, prompt_cache: bool = True):
         if not isinstance(bundle, (str, os.PathLike)):
             raise OptionError(f"bundle must be a folder path, got {bundle!r}")
         max_batch, max_queue = integer("max_batch", max_batch, 1), integer("max_queue", max_queue, 0)
@@ -83,7 +83,7 @@ class Generator:
             choose_min_rows(self.draft, self.vocab_size)    # draft rows exact too: seeded sampling in a batch
         self.models = Models(self.target, self.draft, self.vocab_size, self.max_seq_len,
                              self.max_draft)
-        self.scheduler = Scheduler(self.models, max_batch, max_queue, self.decode)
+        self.scheduler = Scheduler(self.models, max_batch, max_queue, self.decode, prompt_cache=bool(prompt_cache))
         self.scheduler.background = background
         self._shared_policies: dict[tuple[str, str], object] = {}
         self._worker: threading.Thread | None = None
@@ -124,7 +124,8 @@ class Generator:
 
     @property
     def counters(self) -> dict:
-        """Calls made since load: steps, target_calls (after prefill), draft_calls, prefill_chunks."""
+        """Calls made since load: steps, target_calls (after prefill), draft_calls, prefill_chunks; and
+        cached_prompt_tokens (prompt tokens the prompt cache held)."""
         return dict(self.scheduler.counters)
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -132,11 +133,18 @@ class Generator:
         if chat:
             if not self.chat_template:
                 raise SpecedgeError("this bundle has no chat template; run without --chat")
-            tok = self.manifest["tokenizer"]
-            text = render_chat(self.chat_template, [{"role": "user", "content": prompt}],
-                               tok.get("bos_token"), tok.get("eos_token"))
-            return self.tokenizer.encode(text, add_special_tokens=False).ids
+            return self.encode_messages([{"role": "user", "content": prompt}])
         return self.tokenizer.encode(prompt).ids
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """A conversation ([{"role": "system" | "user" | "assistant", "content": str}, ...]) rendered by the bundle's
+        chat template, ready for the assistant's next turn."""
+        if not self.chat_template:
+            raise SpecedgeError("this bundle has no chat template (its source's tokenizer had none): "
+                                "give it plain prompts")
+        tok = self.manifest["tokenizer"]
+        text = render_chat(self.chat_template, chat_messages(messages), tok.get("bos_token"), tok.get("eos_token"))
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -158,6 +166,19 @@ class Generator:
 
     def generate_ids(self, prompt_ids: list[int], **options) -> GenerationResult:
         return self.stream_ids(prompt_ids, **options).wait()
+
+    def stream_chat(self, messages: list[dict], on_token=None, **options) -> Stream:
+        """The assistant's next turn in a conversation. Send the whole conversation each turn: the prompt cache
+        (load(..., prompt_cache=True), the default) prefills only what is new since the last turn."""
+        return self._submit(self.encode_messages(messages), self.options(**options), on_token)
+
+    def chat(self, messages: list[dict], **options) -> GenerationResult:
+        return self.stream_chat(messages, **options).wait()
+
+    def clear_prompt_cache(self) -> None:
+        """Forgets the text free slots hold, so that the next requests prefill their whole prompts (benchmarks)."""
+        with self.scheduler.drive:
+            self.scheduler.clear_prompt_cache()
 
     def shared_policy(self, spec: str, drafter: str = "model"):
         """The live shared policy behind a name (e.g. 'adaptive': its acceptance and cost estimates)."""

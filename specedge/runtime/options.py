@@ -62,6 +62,31 @@ def token_ids(ids, vocab_size: int) -> list[int]:
     return [int(i) for i in ids]
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+
+
+def chat_messages(messages) -> list[dict]:
+    """A conversation: a non-empty list of {"role": one of CHAT_ROLES, "content": str} ("developer" is rendered
+    as "system", as OpenAI's newer name for it; an optional "name" str is kept)."""
+    if isinstance(messages, (str, bytes, dict)) or not hasattr(messages, "__iter__"):
+        raise OptionError("messages must be a list of {'role': ..., 'content': ...} dicts, "
+                          f"got {type(messages).__name__}")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise OptionError(f"messages[{i}] must be a dict, got {type(m).__name__}")
+        if m.get("role") not in CHAT_ROLES:
+            raise OptionError(f"messages[{i}]['role'] must be one of {', '.join(CHAT_ROLES)}, got {m.get('role')!r}")
+        entry = {"role": "system" if m["role"] == "developer" else m["role"],
+                 "content": checked_text(m.get("content"), f"messages[{i}]['content']")}
+        if isinstance(m.get("name"), str):
+            entry["name"] = m["name"]
+        out.append(entry)
+    if not out:
+        raise OptionError("messages is empty")
+    return out
+
+
 def stop_strings(stop) -> tuple[str, ...]:
     """One string is one stop string (not one per character); else an iterable of strings."""
     stops = (stop,) if isinstance(stop, str) else stop

@@ -6,6 +6,11 @@ then one speculative step for every decoding sequence (batch_step.py). Active se
 0 .. n - 1: when one leaves, the sequence in the highest slot moves into the hole (its K/V copied once, up to
 its committed length), so every call binds one contiguous range of the buffers and never copies KV per step.
 
+Prompt cache: a slot keeps the K/V of the sequence that last left it (its text up to its committed length) until
+another sequence takes the slot. A joining sequence whose prompt starts with what a free slot holds takes that
+prefix instead of prefilling it (copied into its own slot if it is another). Exact: a token's K/V is the same
+whichever call computed it (rows do not depend on the call), as speculation itself relies on.
+
 Who runs the iterations: by default the callers themselves. A caller waiting for its sequence's next tokens
 runs one iteration for every sequence if no other thread is running one (`pump`), else waits until that one
 is done. A lone caller thus drives its own request with no thread hand-off per step (on a 2-core CPU a
@@ -24,7 +29,7 @@ from collections import Counter, deque
 from specedge.errors import SpecedgeError
 from specedge.runtime.batch_step import Models, StepRecord, draft_ready, speculative_step, timed
 from specedge.runtime.sampling import draw
-from specedge.runtime.sequences import GenerationResult, Sequence
+from specedge.runtime.sequences import GenerationResult, HeldText, Sequence
 
 PREFILL_CHUNK = 64
 EVENTS_KEPT = 4096
@@ -35,15 +40,17 @@ class QueueFull(SpecedgeError):
 
 
 class Scheduler:
-    def __init__(self, models: Models, max_batch: int, max_queue: int, decode):
+    def __init__(self, models: Models, max_batch: int, max_queue: int, decode, prompt_cache: bool = True):
         self.m, self.max_batch, self.max_queue, self.decode_ids = models, max_batch, max_queue, decode
+        self.prompt_cache = prompt_cache
+        self.held: list[HeldText | None] = [None] * max_batch    # what each free slot's K/V holds (prompt cache)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []                     # running[i].slot == i
         self.wake = threading.Condition(threading.RLock())      # submissions, and "an iteration finished"
         self.drive = threading.Lock()                           # held by the thread running an iteration
         self.background = False
         self.events: deque[StepRecord] = deque(maxlen=EVENTS_KEPT)
-        self.counters = Counter()                             # target_calls, draft_calls, steps, prefill_chunks
+        self.counters = Counter()       # target_calls, draft_calls, steps, prefill_chunks, cached_prompt_tokens
         self.on_step = None             # callback(record) after each decode step, on the driving thread (server metrics)
         self._inside = threading.local()   # .step: this thread is running an iteration (on_token runs there)
 
@@ -128,6 +135,7 @@ class Scheduler:
                               SpecedgeError(f"generation failed: {type(err).__name__}: {err}")))
 
     def _admit(self) -> None:
+        admitted = []
         with self.wake:
             for seq in [s for s in self.waiting if s.cancelled.is_set()]:     # cancelled before they ran
                 self.waiting.remove(seq)
@@ -136,6 +144,38 @@ class Scheduler:
                 seq = self.waiting.popleft()
                 seq.slot = len(self.running)
                 self.running.append(seq)
+                admitted.append(seq)
+        for seq in admitted:
+            self._reuse_prefix(seq)
+
+    def _reuse_prefix(self, s: Sequence) -> None:
+        """Starts s from the longest start of its prompt that a free slot holds (its own slot's text first at equal
+        length, which needs no copy). The last prompt token is always fed: its logits give the first new token."""
+        held, self.held[s.slot] = self.held[s.slot], None
+        if not self.prompt_cache:
+            return
+        candidates = [(held, s.slot)] + [(self.held[j], j) for j in range(s.slot + 1, self.max_batch)]
+        best, length = None, 0
+        for text, slot in candidates:
+            n = text.common_prefix(s.prompt_ids, len(s.prompt_ids) - 1) if text is not None else 0
+            if n > length:
+                best, length = (text, slot), n
+        if best is None:
+            return
+        text, slot = best
+        drafted = min(length, text.draft_len)
+        if slot != s.slot:                                  # copy the prefix; the other slot keeps its text
+            self.m.target.move_slot(slot, s.slot, length)
+            if self.m.draft is not None and drafted:
+                self.m.draft.move_slot(slot, s.slot, drafted)
+        s.prefilled = s.tgt_pos = length
+        s.dft_pos = drafted if self.m.draft is not None else 0
+        s.stats.cached_prompt_tokens = length
+        self.counters["cached_prompt_tokens"] += length
+
+    def clear_prompt_cache(self) -> None:
+        """Forgets what free slots hold (the next requests prefill their whole prompts)."""
+        self.held = [None] * self.max_batch
 
     def _retire(self) -> None:
         for seq in list(self.running):
@@ -144,13 +184,19 @@ class Scheduler:
         keep = [s for s in self.running if not s.done]
         if len(keep) == len(self.running):
             return
+        for seq in self.running:
+            if seq.done and seq.stats.stop_reason:          # a failed call may have left its K/V half-written
+                self.held[seq.slot] = HeldText.of(seq)
         for new_slot, seq in enumerate(keep):              # compaction: move into the holes, lowest first
             if seq.slot != new_slot:
                 self.m.target.move_slot(seq.slot, new_slot, seq.tgt_pos)
                 if self.m.draft is not None:
                     self.m.draft.move_slot(seq.slot, new_slot, seq.dft_pos)
+                self.held[seq.slot] = HeldText.of(seq)      # the slot it left still holds a copy of its text
                 seq.slot = new_slot
         self.running = keep
+        for slot in range(len(keep)):
+            self.held[slot] = None
 
     def _prefill_chunk(self, s: Sequence) -> None:
         """The next chunk of s's prompt into both models (the draft only if it drafts with the model)."""

@@ -49,6 +49,25 @@ class GenerationResult:
                 "stats": self.stats.to_json(decode)}
 
 
+@dataclass(frozen=True)
+class HeldText:
+    """What a free slot's K/V still holds (the prompt cache): the target's for `tokens`, the draft's for the first
+    `draft_len` of them."""
+    tokens: np.ndarray              # [n] int64
+    draft_len: int
+
+    @classmethod
+    def of(cls, seq: "Sequence") -> "HeldText | None":
+        """What seq's slot holds (None: nothing yet)."""
+        return cls(np.asarray(seq.tokens[: seq.tgt_pos], dtype=np.int64), seq.dft_pos) if seq.tgt_pos else None
+
+    def common_prefix(self, ids: list[int], limit: int) -> int:
+        """How many of ids' first tokens (at most `limit`) this text starts with."""
+        n = min(limit, len(self.tokens), len(ids))
+        differ = np.flatnonzero(self.tokens[:n] != np.asarray(ids[:n], dtype=np.int64))
+        return int(differ[0]) if differ.size else n
+
+
 @dataclass
 class Sequence:
     prompt_ids: list[int]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0    # of those, taken from the prompt cache instead of prefilled
     new_tokens: int = 0
     n_drafted: int = 0
     n_accepted: int = 0
@@ -50,8 +51,8 @@ class GenerationStats:
         """The sums over several requests (counts, histograms, times; k_history concatenated)."""
         total = cls()
         for s in runs:
-            for name in ("prompt_tokens", "new_tokens", "n_drafted", "n_accepted", "n_verify", "n_target_calls",
-                         "n_draft_calls", "prefill_s", "draft_s", "verify_s", "total_s"):
+            for name in ("prompt_tokens", "cached_prompt_tokens", "new_tokens", "n_drafted", "n_accepted", "n_verify",
+                         "n_target_calls", "n_draft_calls", "prefill_s", "draft_s", "verify_s", "total_s"):
                 setattr(total, name, getattr(total, name) + getattr(s, name))
             grow = len(s.drafted_at) - len(total.drafted_at)
             if grow > 0:
@@ -88,7 +89,8 @@ class GenerationStats:
                      "draft_text": show([d]), "target_text": show([t])}
                     for (pos, d, t), n in self.rejections.most_common(top_rejections)]
         return {
-            "prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
+            "prompt_tokens": self.prompt_tokens, "cached_prompt_tokens": self.cached_prompt_tokens,
+            "new_tokens": self.new_tokens,
             "drafted_tokens": self.n_drafted, "accepted_tokens": self.n_accepted,
             "acceptance_rate": self.n_accepted / self.n_drafted if self.n_drafted else 0.0,
             "mean_accepted_length": self.mean_accepted_length,

@@ -193,9 +193,10 @@ class Service:
         waiter.result()                                # raises the APIError of a failed or refused end
         stop, stats = outcome["stop"], outcome["stats"]
         spec = protocol.speculation(stats, req.speculation, stop)
-        self._done(req, handle, stop, started)
+        self._done(req, handle, stop, stats, started)
         self._log(request, req, handle, 200, stop, spec, started)
-        return JSONResponse(protocol.response(req, handle.text, len(handle.tokens), stop, spec))
+        return JSONResponse(protocol.response(req, handle.text, len(handle.tokens), stats.cached_prompt_tokens, stop,
+                                              spec))
 
     async def _follow(self, handle, outcome: dict):
         """Yields a request's text pieces as they come; at its end fills outcome (stop reason, stats), or raises
@@ -249,22 +250,22 @@ class Service:
             stop, stats = outcome["stop"], outcome["stats"]
             spec = protocol.speculation(stats, req.speculation, stop)
             status = 200
-            self._done(req, handle, stop, started)        # counted before the client can see the end
+            self._done(req, handle, stop, stats, started)    # counted before the client can see the end
             final = protocol.chunk(req, None, finish=protocol.finish_reason(stop))
             if req.include_usage:
                 yield _event(final)
-                final = protocol.usage_chunk(req, len(handle.tokens))
+                final = protocol.usage_chunk(req, len(handle.tokens), stats.cached_prompt_tokens)
             final["speculation"] = spec                   # the stream's last chunk carries the stats
             yield _event(final)
             yield "data: [DONE]\n\n"
         finally:
             self._log(request, req, handle, status, stop, spec, started)
 
-    def _done(self, req, handle, stop: str, started: float) -> None:
+    def _done(self, req, handle, stop: str, stats, started: float) -> None:
         n = len(handle.tokens)
         ttft = handle.first_token_at - handle.arrived if handle.first_token_at else None
         tpot = (handle.token_times[-1] - handle.first_token_at) / (n - 1) if n > 1 and handle.first_token_at else None
-        self.metrics.request_done(len(req.prompt_ids), n, protocol.finish_reason(stop),
+        self.metrics.request_done(len(req.prompt_ids), stats.cached_prompt_tokens, n, protocol.finish_reason(stop),
                                   time.perf_counter() - handle.arrived, ttft, tpot)
 
     def _log(self, request, req, handle, status: int, stop: str, spec: dict | None, started: float) -> None:

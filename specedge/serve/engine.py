@@ -28,6 +28,7 @@ class EngineConfig:
     device_id: int = 0
     cuda_graphs: bool = True
     target_rows: str | int = "auto"
+    prompt_cache: bool = True             # free slots keep their text; a request starting with it skips that prefill
 
     def resolved_max_batch(self) -> int:
         """The KV slots a replica allocates (reads the manifest when max_batch is unset)."""
@@ -53,7 +54,7 @@ def load_engine(config: EngineConfig):
                     "are served one at a time; export with --attention standard to batch them")
     gen = load(config.bundle, backend=config.backend, threads=config.threads, target_rows=config.target_rows,
                max_batch=max_batch, max_queue=config.max_queue, background=True,
-               device_id=config.device_id, cuda_graphs=config.cuda_graphs)
+               device_id=config.device_id, cuda_graphs=config.cuda_graphs, prompt_cache=config.prompt_cache)
     policy = config.policy
     if policy is None:
         policy = "adaptive" if gen.draft is not None or config.drafter == "ngram" else "target"

@@ -51,6 +51,8 @@ class Metrics:
         self.realised = Counter(P + "spec_decode_realised_accepted_tokens",
                                 "Accepted tokens in the same steps (compare with the predicted counter).", registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of finished requests.", registry=r)
+        self.cached_tokens = Counter(P + "prefix_cache_hits", "Of those, tokens the prompt cache held (not prefilled).",
+                                     registry=r)
         self.generation_tokens = Counter(P + "generation_tokens", "Generated tokens of finished requests.", registry=r)
         self.success = Counter(P + "request_success", "Requests answered, by finish reason.", ["finished_reason"],
                                registry=r)
@@ -114,9 +116,10 @@ class Metrics:
             self._prune(time.monotonic())
             return sum(n for _, n in self._window) / RATE_WINDOW_S
 
-    def request_done(self, prompt_tokens: int, completion_tokens: int, finish_reason: str, e2e_s: float,
-                     ttft_s: float | None, tpot_s: float | None) -> None:
+    def request_done(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int, finish_reason: str,
+                     e2e_s: float, ttft_s: float | None, tpot_s: float | None) -> None:
         self.prompt_tokens.inc(prompt_tokens)
+        self.cached_tokens.inc(cached_tokens)
         self.generation_tokens.inc(completion_tokens)
         self.success.labels(finish_reason).inc()
         self.e2e.observe(e2e_s)

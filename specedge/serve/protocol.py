@@ -14,8 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from specedge.errors import OptionError, SpecedgeError
-from specedge.runtime.chat import render_chat
-from specedge.runtime.options import checked_text
+from specedge.runtime.options import CHAT_ROLES, checked_text
 from specedge.serve.errors import APIError, invalid, unsupported
 
 MAX_STOP = 4                  # OpenAI's limit
@@ -223,21 +222,19 @@ def _chat_ids(body: dict, gen, limits: Limits) -> list[int]:
         if not isinstance(message, dict):
             raise invalid(f"messages[{i}] must be an object", f"messages[{i}]")
         role = message.get("role")
-        if role not in ("system", "developer", "user", "assistant"):
+        if role not in CHAT_ROLES:
             raise unsupported(f"messages[{i}].role", role, " (roles: system, developer, user, assistant)")
         unknown = set(message) - {"role", "content", "name"}
         if unknown - {"refusal", "tool_calls", "function_call", "audio"} or any(message.get(k) for k in unknown):
             raise unsupported(f"messages[{i}].{sorted(unknown)[0]}", message[sorted(unknown)[0]])
-        entry = {"role": "system" if role == "developer" else role, "content": _message_text(message, i)}
+        entry = {"role": role, "content": _message_text(message, i)}
         if isinstance(message.get("name"), str):
             entry["name"] = message["name"]
         rendered.append(entry)
-    tok = gen.manifest["tokenizer"]
     try:
-        text = render_chat(gen.chat_template, rendered, tok.get("bos_token"), tok.get("eos_token"))
+        return gen.encode_messages(rendered)
     except SpecedgeError as err:                      # the template refused these messages (e.g. role order)
         raise invalid(str(err), "messages") from err
-    return gen.tokenizer.encode(text, add_special_tokens=False).ids
 
 
 def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
@@ -309,16 +306,19 @@ def speculation(stats, label: str, stop_reason: str | None = None) -> dict:
             "stop_reason": stop_reason or s["stop_reason"]}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    """OpenAI's usage object; cached_tokens: prompt tokens the prompt cache held (not prefilled)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def _prefix(req: ParsedRequest) -> str:
     return ("chatcmpl-" if req.kind == "chat" else "cmpl-") + req.id
 
 
-def response(req: ParsedRequest, text: str, completion_tokens: int, stop_reason: str, spec: dict) -> dict:
+def response(req: ParsedRequest, text: str, completion_tokens: int, cached_tokens: int, stop_reason: str,
+             spec: dict) -> dict:
     if req.kind == "chat":
         choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
                   "finish_reason": finish_reason(stop_reason), "logprobs": None}
@@ -327,7 +327,7 @@ def response(req: ParsedRequest, text: str, completion_tokens: int, stop_reason:
         choice = {"index": 0, "text": text, "finish_reason": finish_reason(stop_reason), "logprobs": None}
         obj = "text_completion"
     return {"id": _prefix(req), "object": obj, "created": req.created, "model": req.model, "choices": [choice],
-            "usage": usage(len(req.prompt_ids), completion_tokens), "speculation": spec}
+            "usage": usage(len(req.prompt_ids), completion_tokens, cached_tokens), "speculation": spec}
 
 
 def chunk(req: ParsedRequest, text: str | None, finish: str | None = None, first: bool = False) -> dict:
@@ -347,7 +347,7 @@ def chunk(req: ParsedRequest, text: str | None, finish: str | None = None, first
     return out
 
 
-def usage_chunk(req: ParsedRequest, completion_tokens: int) -> dict:
+def usage_chunk(req: ParsedRequest, completion_tokens: int, cached_tokens: int) -> dict:
     return {"id": _prefix(req), "object": "chat.completion.chunk" if req.kind == "chat" else "text_completion",
             "created": req.created, "model": req.model, "choices": [],
-            "usage": usage(len(req.prompt_ids), completion_tokens)}
+            "usage": usage(len(req.prompt_ids), completion_tokens, cached_tokens)}

@@ -1,0 +1,69 @@
+"""`specedge chat`: a conversation in the terminal. Each turn sends the whole conversation; the prompt cache
+prefills only the new turn, so a long conversation answers as fast as its first question.
+
+Commands at the prompt: /reset (a new conversation), /exit (or Ctrl+D, or Ctrl+C). Ctrl+C during a reply stops
+the reply and keeps what it said so far."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+HELP = "/reset starts a new conversation, /exit (or Ctrl+D) ends; Ctrl+C stops a reply"
+
+
+def turn_line(stats, first_token_s: float | None) -> str:
+    """One line per reply: speed, time to first token, how much of the prompt the cache held, speculation."""
+    s = stats
+    first = f", first token {first_token_s:.2f}s" if first_token_s is not None else ""
+    spec = f", accepted length {s.mean_accepted_length:.2f}" if s.n_verify else ""
+    return (f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s{first}; prompt {s.prompt_tokens} tokens, "
+            f"{s.cached_prompt_tokens} from the cache{spec}]")
+
+
+def run_chat(gen, system: str | None, options: dict, show_stats: bool = True, read=None) -> None:
+    """The loop: read a line, stream the reply, keep both in the conversation."""
+    read = read or (lambda: input("> " if sys.stdin.isatty() else ""))
+    start = [{"role": "system", "content": system}] if system else []
+    messages = list(start)
+    if sys.stdin.isatty():
+        click.echo(HELP, err=True)
+    while True:
+        try:
+            line = read()
+        except (EOFError, KeyboardInterrupt):
+            click.echo(err=True)
+            return
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            return
+        if text == "/reset":
+            messages = list(start)
+            click.echo("(a new conversation)", err=True)
+            continue
+        messages.append({"role": "user", "content": line})
+        reply, first_token_s = _reply(gen, messages, options)
+        messages.append({"role": "assistant", "content": reply.text})
+        if show_stats:
+            click.echo(turn_line(reply.stats, first_token_s), err=True)
+
+
+def _reply(gen, messages: list[dict], options: dict):
+    """Streams one reply -> (result, seconds to its first text). Ctrl+C cancels it: what it said so far stays."""
+    t = time.perf_counter()
+    first = None
+    stream = gen.stream_chat(messages, **options)
+    try:
+        for piece in stream:
+            if piece and first is None:
+                first = time.perf_counter() - t
+            click.echo(piece, nl=False)
+    except KeyboardInterrupt:                       # the stream cancelled itself; show what came before it ended
+        for piece in stream:
+            click.echo(piece, nl=False)
+    click.echo()
+    return stream.result, first

@@ -1,0 +1,180 @@
+"""The prompt cache: a request whose prompt starts with what a free KV slot holds prefills only the rest, and its
+tokens are exactly those of a run that prefilled everything (greedy and seeded sampling, each attention variant,
+fp32 and int4, the target alone and with a draft)."""
+
+import pytest
+
+import tiny_models as tm
+from conftest import ARCHS, TARGET_ROWS, _export, together
+from specedge.errors import OptionError
+from specedge.runtime import load
+
+FIRST_TEXT, MORE_TEXT, OTHER_TEXT = "def fib(n):\n    ", "\n# and now in C:\n", "import os\n"
+GREEDY = dict(max_new_tokens=20, ignore_eos=True, k=3)
+SAMPLED = dict(max_new_tokens=20, ignore_eos=True, k=3, temperature=0.9, top_p=0.95, seed=7)
+
+
+def _ids(gen):
+    return gen.encode(FIRST_TEXT), gen.encode(MORE_TEXT), gen.encode(OTHER_TEXT)
+
+
+def _kv(model, slot: int, n: int) -> list:
+    """Copies of a model's K/V of positions 0 .. n - 1 in a slot (cpu backend)."""
+    return [buf[slot, :, :n].copy() for buf in (*model.keys, *model.values)]
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(x.tobytes() == y.tobytes() for x, y in zip(a, b))
+
+
+def _follow_up_equals_fresh(gen, options):
+    """Turn 1, then turn 2 = turn 1's text + more: turn 2 from the cache equals turn 2 after clearing it."""
+    FIRST, MORE, _ = _ids(gen)
+    first = gen.generate_ids(FIRST, **options)
+    follow_up = FIRST + first.tokens + MORE
+    cached = gen.generate_ids(follow_up, **options)
+    # the first request's K/V covers its prompt and every generated token but the last (never fed)
+    assert cached.stats.cached_prompt_tokens == len(FIRST) + len(first.tokens) - 1
+    gen.clear_prompt_cache()
+    fresh = gen.generate_ids(follow_up, **options)
+    assert fresh.stats.cached_prompt_tokens == 0
+    assert cached.tokens == fresh.tokens
+    return cached
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("options", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_follow_up_from_the_cache_equals_a_fresh_run_gqa(arch_bundles, arch, options):
+    gen = load(arch_bundles[arch])
+    cached = _follow_up_equals_fresh(gen, options)
+    assert cached.stats.n_drafted > 0                       # the draft took its cached prefix too
+    gen.close()
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gpt2", "qwen2-int4"])
+@pytest.mark.parametrize("options", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_follow_up_from_the_cache_equals_a_fresh_run_standard(standard_bundles, name, options):
+    gen = load(standard_bundles[name], max_batch=2)
+    _follow_up_equals_fresh(gen, {**options, "k": 0} if name == "gpt2" else options)
+    gen.close()
+
+
+def test_the_last_prompt_token_is_always_fed(standard_bundles):
+    """The same prompt twice: all but its last token from the cache (its logits give the first new token)."""
+    gen = load(standard_bundles["qwen2"])
+    FIRST, _, _ = _ids(gen)
+    first = gen.generate_ids(FIRST, **GREEDY)
+    again = gen.generate_ids(FIRST, **GREEDY)
+    assert again.stats.cached_prompt_tokens == len(FIRST) - 1
+    assert again.tokens == first.tokens
+    gen.close()
+
+
+def test_a_prefix_held_by_another_free_slot_is_copied(standard_bundles):
+    """Two requests end in slots 0 and 1 (the one in slot 1 first, so nothing moves); a follow-up of the one in
+    slot 1 joins in slot 0 and copies its prefix from slot 1 (slot 1 keeps it)."""
+    gen = load(standard_bundles["qwen2"], max_batch=3)
+    FIRST, MORE, _ = _ids(gen)
+    _, second = together(gen, [(OTHER_TEXT, dict(GREEDY, max_new_tokens=40, k=0)), (FIRST_TEXT, GREEDY)])
+    assert gen.scheduler.held[0] is not None
+    held = gen.scheduler.held[1]
+    assert held is not None and held.tokens[: len(FIRST)].tolist() == FIRST
+    follow_up = FIRST + second.tokens + MORE
+    cached = gen.generate_ids(follow_up, **GREEDY)
+    assert cached.stats.cached_prompt_tokens == len(FIRST) + len(second.tokens) - 1
+    assert gen.scheduler.held[1] is held                         # the copy left slot 1's text where it was
+    n = len(follow_up) - 1                  # the prompt's K/V, all but the last token from the cache
+    target_kv, draft_kv = _kv(gen.target, 0, n), _kv(gen.draft, 0, n)
+    gen.clear_prompt_cache()
+    assert gen.generate_ids(follow_up, **GREEDY).tokens == cached.tokens      # in slot 0 again, prefilled
+    assert _same(_kv(gen.target, 0, n), target_kv) and _same(_kv(gen.draft, 0, n), draft_kv)
+    gen.close()
+
+
+def test_a_sequence_moved_by_compaction_leaves_a_usable_copy(standard_bundles):
+    """A short request in slot 0 ends while a long one runs in slot 1: the long one moves to slot 0, and slot 1
+    still holds its text so far, which a request joining meanwhile starts from."""
+    gen = load(standard_bundles["qwen2"], max_batch=2)
+    FIRST, MORE, OTHER = _ids(gen)
+    short, long_ = (OTHER, dict(GREEDY, max_new_tokens=6, k=0)), (FIRST, dict(GREEDY, max_new_tokens=40))
+    with gen.scheduler.wake:
+        streams = [gen.stream_ids(short[0], **short[1]), gen.stream_ids(long_[0], **long_[1])]
+    streams[0].wait()                                       # drives steps until the short one ends and leaves
+    assert streams[1]._seq.slot == 0
+    held = gen.scheduler.held[1]
+    assert held is not None and held.tokens[: len(FIRST)].tolist() == FIRST
+    joining = gen.stream_ids(FIRST + MORE, **GREEDY)
+    result, long_result = joining.wait(), streams[1].wait()
+    assert result.stats.cached_prompt_tokens == len(FIRST)
+    n = len(FIRST + MORE) - 1
+    slot = next(j for j, held in enumerate(gen.scheduler.held)   # where the joining request's text is
+                if held is not None and held.tokens[: n + 1].tolist() == FIRST + MORE)
+    target_kv = _kv(gen.target, slot, n)
+    gen.clear_prompt_cache()
+    assert gen.generate_ids(FIRST + MORE, **GREEDY).tokens == result.tokens
+    assert _same(_kv(gen.target, 0, n), target_kv)
+    assert gen.generate_ids(long_[0], **long_[1]).tokens == long_result.tokens
+    gen.close()
+
+
+def test_a_failed_sequence_leaves_nothing_to_reuse(standard_bundles, monkeypatch):
+    gen = load(standard_bundles["qwen2"])
+    real_run = gen.target.run
+    calls = {"n": 0}
+
+    def failing_run(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected")
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(gen.target, "run", failing_run)
+    FIRST, _, _ = _ids(gen)
+    with pytest.raises(Exception, match="injected"):
+        gen.generate_ids(FIRST, **GREEDY)
+    monkeypatch.setattr(gen.target, "run", real_run)
+    assert gen.scheduler.held[0] is None
+    assert gen.generate_ids(FIRST, **GREEDY).stats.cached_prompt_tokens == 0
+    gen.close()
+
+
+def test_the_cache_can_be_turned_off(standard_bundles):
+    gen = load(standard_bundles["qwen2"], prompt_cache=False)
+    FIRST, _, _ = _ids(gen)
+    gen.generate_ids(FIRST, **GREEDY)
+    assert gen.generate_ids(FIRST, **GREEDY).stats.cached_prompt_tokens == 0
+    assert gen.counters.get("cached_prompt_tokens", 0) == 0
+    gen.close()
+
+
+@pytest.fixture(scope="module")
+def chat_bundle(workdir):
+    target = tm.make_model("qwen2", TARGET_ROWS, seed=1)
+    return _export(workdir, "cache-chat", target, tm.perturbed(target, seed=3, noise=0.01),
+                   tm.byte_tokenizer(chat=True))
+
+
+def test_a_conversation_prefills_only_its_new_turn(chat_bundle):
+    gen = load(chat_bundle)
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}]
+    first = gen.chat(history, max_new_tokens=12, k=3)
+    history += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "Again."}]
+    second = gen.chat(history, max_new_tokens=12, k=3)
+    assert second.stats.cached_prompt_tokens >= len(gen.encode_messages(history[:2])) - 1
+    gen.clear_prompt_cache()
+    assert gen.chat(history, max_new_tokens=12, k=3).tokens == second.tokens
+    gen.close()
+
+
+@pytest.mark.parametrize("messages, message", [
+    ("hi", "messages must be a list"),
+    ([], "messages is empty"),
+    ([{"role": "robot", "content": "x"}], "role"),
+    ([{"role": "user", "content": 3}], "content"),
+    (["hi"], r"messages\[0\] must be a dict"),
+])
+def test_bad_messages_are_one_line_errors(chat_bundle, messages, message):
+    gen = load(chat_bundle)
+    with pytest.raises(OptionError, match=message):
+        gen.chat(messages)
+    gen.close()

@@ -2,12 +2,14 @@
 tokens are exactly those of a run that prefilled everything (greedy and seeded sampling, each attention variant,
 fp32 and int4, the target alone and with a draft)."""
 
+import numpy as np
 import pytest
 
 import tiny_models as tm
 from conftest import ARCHS, TARGET_ROWS, _export, together
 from specedge.errors import OptionError
 from specedge.runtime import load
+from specedge.runtime.sequences import HeldText
 
 FIRST_TEXT, MORE_TEXT, OTHER_TEXT = "def fib(n):\n    ", "\n# and now in C:\n", "import os\n"
 GREEDY = dict(max_new_tokens=20, ignore_eos=True, k=3)
@@ -82,7 +84,8 @@ def test_a_prefix_held_by_another_free_slot_is_copied(standard_bundles):
     follow_up = FIRST + second.tokens + MORE
     cached = gen.generate_ids(follow_up, **GREEDY)
     assert cached.stats.cached_prompt_tokens == len(FIRST) + len(second.tokens) - 1
-    assert gen.scheduler.held[1] is held                         # the copy left slot 1's text where it was
+    after = gen.scheduler.held[1]                                # the copy left slot 1's text where it was
+    assert after.tokens.tolist() == held.tokens.tolist() and after.stamp > held.stamp     # and it was used now
     n = len(follow_up) - 1                  # the prompt's K/V, all but the last token from the cache
     target_kv, draft_kv = _kv(gen.target, 0, n), _kv(gen.draft, 0, n)
     gen.clear_prompt_cache()
@@ -114,6 +117,69 @@ def test_a_sequence_moved_by_compaction_leaves_a_usable_copy(standard_bundles):
     assert gen.generate_ids(FIRST + MORE, **GREEDY).tokens == result.tokens
     assert _same(_kv(gen.target, 0, n), target_kv)
     assert gen.generate_ids(long_[0], **long_[1]).tokens == long_result.tokens
+    gen.close()
+
+
+def test_a_text_in_a_slot_compaction_fills_is_kept_in_a_free_slot(standard_bundles):
+    """A request in slot 0 ends while another runs in slot 1: before the running one moves down into slot 0, the
+    ended one's text is copied into free slot 2, and its follow-up (joining while the other still runs) starts
+    from there, with K/V byte for byte a fresh prefill's."""
+    gen = load(standard_bundles["qwen2"], max_batch=3)
+    FIRST, MORE, OTHER = _ids(gen)
+    with gen.scheduler.wake:
+        streams = [gen.stream_ids(OTHER, **dict(GREEDY, max_new_tokens=6, k=0)),
+                   gen.stream_ids(FIRST, **dict(GREEDY, max_new_tokens=60))]
+    ended = streams[0].wait()
+    assert streams[1]._seq.slot == 0 and gen.scheduler.held[2].finished
+    follow_up = OTHER + ended.tokens + MORE
+    joining = gen.stream_ids(follow_up, **GREEDY)
+    result = joining.wait()
+    assert joining._seq.slot in (0, 1) and result.stats.cached_prompt_tokens == len(OTHER) + len(ended.tokens) - 1
+    streams[1].wait()
+    n = len(follow_up) - 1
+    slot = next(j for j, held in enumerate(gen.scheduler.held)
+                if held is not None and held.tokens[: n + 1].tolist() == follow_up)
+    target_kv, draft_kv = _kv(gen.target, slot, n), _kv(gen.draft, slot, n)
+    gen.clear_prompt_cache()
+    assert gen.generate_ids(follow_up, **GREEDY).tokens == result.tokens
+    assert _same(_kv(gen.target, 0, n), target_kv) and _same(_kv(gen.draft, 0, n), draft_kv)
+    gen.close()
+
+
+def test_a_text_in_the_slot_a_new_request_takes_moves_to_a_free_slot(standard_bundles):
+    """Client A's conversation ends in slot 0; client B's unrelated request takes slot 0, so A's text first moves
+    to free slot 1, and A's next turn still starts from it."""
+    gen = load(standard_bundles["qwen2"], max_batch=2)
+    FIRST, MORE, OTHER = _ids(gen)
+    a = gen.generate_ids(FIRST, **GREEDY)
+    b = gen.generate_ids(OTHER, **GREEDY)
+    assert b.stats.cached_prompt_tokens == 0 and gen.scheduler.held[1].tokens.tolist() == (FIRST + a.tokens)[:-1]
+    follow_up = FIRST + a.tokens + MORE
+    cached = gen.generate_ids(follow_up, **GREEDY)
+    assert cached.stats.cached_prompt_tokens == len(FIRST) + len(a.tokens) - 1
+    n = len(follow_up) - 1
+    target_kv, draft_kv = _kv(gen.target, 0, n), _kv(gen.draft, 0, n)
+    gen.clear_prompt_cache()
+    assert gen.generate_ids(follow_up, **GREEDY).tokens == cached.tokens
+    assert _same(_kv(gen.target, 0, n), target_kv) and _same(_kv(gen.draft, 0, n), draft_kv)
+    gen.close()
+
+
+def test_a_moving_text_replaces_the_least_recently_used_one(standard_bundles):
+    """Free slots 2 and 3 hold texts used at different times; the text of a request that ends in slot 0 while
+    another runs in slot 1 must leave slot 0 (compaction fills it): it replaces the older of the two."""
+    gen = load(standard_bundles["qwen2"], max_batch=4)
+    sched = gen.scheduler
+    FIRST, _, OTHER = _ids(gen)
+    never = gen.vocab_size - 1                        # texts no prompt here starts with
+    sched.held[2] = HeldText(np.full(8, never), 0, finished=True, stamp=sched._tick())
+    sched.held[3] = HeldText(np.full(9, never), 0, finished=True, stamp=sched._tick())     # the more recent
+    with sched.wake:
+        streams = [gen.stream_ids(OTHER, **dict(GREEDY, max_new_tokens=4, k=0)),
+                   gen.stream_ids(FIRST, **dict(GREEDY, max_new_tokens=40))]
+    ended = streams[0].wait()
+    assert sched.held[2].tokens.tolist() == (OTHER + ended.tokens)[:-1] and len(sched.held[3].tokens) == 9
+    streams[1].wait()
     gen.close()
 
 

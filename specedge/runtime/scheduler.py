@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
+from dataclasses import replace
 
 from specedge.errors import SpecedgeError
 from specedge.runtime.batch_step import Models, StepRecord, draft_ready, speculative_step, timed
@@ -44,6 +45,7 @@ class Scheduler:
         self.m, self.max_batch, self.max_queue, self.decode_ids = models, max_batch, max_queue, decode
         self.prompt_cache = prompt_cache
         self.held: list[HeldText | None] = [None] * max_batch    # what each free slot's K/V holds (prompt cache)
+        self._clock = 0                                           # stamps held texts (least recently used first)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []                     # running[i].slot == i
         self.wake = threading.Condition(threading.RLock())      # submissions, and "an iteration finished"
@@ -150,24 +152,27 @@ class Scheduler:
 
     def _reuse_prefix(self, s: Sequence) -> None:
         """Starts s from the longest start of its prompt that a free slot holds (its own slot's text first at equal
-        length, which needs no copy). The last prompt token is always fed: its logits give the first new token."""
-        held, self.held[s.slot] = self.held[s.slot], None
+        length, which needs no copy). The last prompt token is always fed: its logits give the first new token.
+        A finished text in s's slot that s does not start from is first copied to the free slot of least worth."""
+        own, self.held[s.slot] = self.held[s.slot], None
         if not self.prompt_cache:
             return
-        candidates = [(held, s.slot)] + [(self.held[j], j) for j in range(s.slot + 1, self.max_batch)]
+        candidates = [(own, s.slot)] + [(self.held[j], j) for j in range(s.slot + 1, self.max_batch)]
         best, length = None, 0
         for text, slot in candidates:
             n = text.common_prefix(s.prompt_ids, len(s.prompt_ids) - 1) if text is not None else 0
             if n > length:
                 best, length = (text, slot), n
+        source = best[1] if best else None
+        if own is not None and own.finished and source != s.slot:
+            self._keep_elsewhere(own, s.slot, [j for j in range(len(self.running), self.max_batch) if j != source])
         if best is None:
             return
         text, slot = best
         drafted = min(length, text.draft_len)
         if slot != s.slot:                                  # copy the prefix; the other slot keeps its text
-            self.m.target.move_slot(slot, s.slot, length)
-            if self.m.draft is not None and drafted:
-                self.m.draft.move_slot(slot, s.slot, drafted)
+            self._copy(slot, s.slot, length, drafted)
+            self.held[slot] = replace(text, stamp=self._tick())
         s.prefilled = s.tgt_pos = length
         s.dft_pos = drafted if self.m.draft is not None else 0
         s.stats.cached_prompt_tokens = length
@@ -177,6 +182,36 @@ class Scheduler:
         """Forgets what free slots hold (the next requests prefill their whole prompts)."""
         self.held = [None] * self.max_batch
 
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _copy(self, src: int, dst: int, length: int, draft_length: int) -> None:
+        self.m.target.move_slot(src, dst, length)
+        if self.m.draft is not None and draft_length:
+            self.m.draft.move_slot(src, dst, draft_length)
+
+    def _keep_elsewhere(self, text: HeldText, slot: int, spare: list[int]) -> None:
+        """Copies the text in `slot` (about to be overwritten) into the spare slot of least worth (nothing, a moving
+        sequence's leftover copy, then the least recently used), if that is worth less than the text."""
+        to = min(spare, key=lambda j: (-1, 0) if self.held[j] is None else self.held[j].worth, default=None)
+        if to is not None and (self.held[to] is None or self.held[to].worth < text.worth):
+            self._copy(slot, to, len(text.tokens), text.draft_len)
+            self.held[to] = text
+
+    def _keep_texts(self, leaving: list[Sequence], keep: int) -> None:
+        """Records what leaving sequences' slots hold; a text in a slot compaction will fill (below `keep`) is kept
+        elsewhere, in a slot compaction leaves alone."""
+        spare = [j for j in range(keep, self.max_batch) if j >= len(self.running) or self.running[j].done]
+        for seq in sorted(leaving, key=lambda s: s.slot < keep):         # texts that stay in place first
+            text = HeldText.of(seq, finished=True, stamp=self._tick())
+            if text is None:
+                continue
+            if seq.slot < keep:
+                self._keep_elsewhere(text, seq.slot, spare)
+            else:
+                self.held[seq.slot] = text
+
     def _retire(self) -> None:
         for seq in list(self.running):
             if seq.cancelled.is_set() and not seq.done:
@@ -184,15 +219,13 @@ class Scheduler:
         keep = [s for s in self.running if not s.done]
         if len(keep) == len(self.running):
             return
-        for seq in self.running:
-            if seq.done and seq.stats.stop_reason:          # a failed call may have left its K/V half-written
-                self.held[seq.slot] = HeldText.of(seq)
+        if self.prompt_cache:                               # a failed call may have left its K/V half-written
+            self._keep_texts([s for s in self.running if s.done and s.stats.stop_reason], len(keep))
         for new_slot, seq in enumerate(keep):              # compaction: move into the holes, lowest first
             if seq.slot != new_slot:
-                self.m.target.move_slot(seq.slot, new_slot, seq.tgt_pos)
-                if self.m.draft is not None:
-                    self.m.draft.move_slot(seq.slot, new_slot, seq.dft_pos)
-                self.held[seq.slot] = HeldText.of(seq)      # the slot it left still holds a copy of its text
+                self._copy(seq.slot, new_slot, seq.tgt_pos, seq.dft_pos)
+                # the slot it left still holds a copy of its text so far
+                self.held[seq.slot] = HeldText.of(seq, finished=False, stamp=self._tick())
                 seq.slot = new_slot
         self.running = keep
         for slot in range(len(keep)):

@@ -52,14 +52,23 @@ class GenerationResult:
 @dataclass(frozen=True)
 class HeldText:
     """What a free slot's K/V still holds (the prompt cache): the target's for `tokens`, the draft's for the first
-    `draft_len` of them."""
+    `draft_len` of them. `finished`: a request's whole text (else a copy a moving sequence left behind, worth less);
+    `stamp`: when it was last written or reused (the least recent goes first)."""
     tokens: np.ndarray              # [n] int64
     draft_len: int
+    finished: bool
+    stamp: int
 
     @classmethod
-    def of(cls, seq: "Sequence") -> "HeldText | None":
+    def of(cls, seq: "Sequence", finished: bool, stamp: int) -> "HeldText | None":
         """What seq's slot holds (None: nothing yet)."""
-        return cls(np.asarray(seq.tokens[: seq.tgt_pos], dtype=np.int64), seq.dft_pos) if seq.tgt_pos else None
+        if not seq.tgt_pos:
+            return None
+        return cls(np.asarray(seq.tokens[: seq.tgt_pos], dtype=np.int64), seq.dft_pos, finished, stamp)
+
+    @property
+    def worth(self) -> tuple[bool, int]:
+        return self.finished, self.stamp
 
     def common_prefix(self, ids: list[int], limit: int) -> int:
         """How many of ids' first tokens (at most `limit`) this text starts with."""

@@ -343,6 +343,7 @@ def test_a_prompt_goes_to_the_draft_only_where_the_tokens_asked_repay_feeding_it
     policy.speculates_at = lambda batch: True                          # speculation would win: only the cost decides
     policy.catch_up_pays = lambda behind, remaining, batch=None: asked.append((behind, remaining)) and False
     draft_calls = gen.counters.get("draft_calls", 0)
+    gen.clear_prompt_cache()                               # the whole prompt to prefill (a free slot holds it)
     stream = gen.stream(prompt, max_new_tokens=20, ignore_eos=True, policy="adaptive")
     assert stream.wait().tokens == expected
     assert stream._seq.dft_pos == 0 and gen.counters.get("draft_calls", 0) == draft_calls

@@ -158,3 +158,12 @@ def test_dynamic_rope_exports_within_its_original_length(tmp_path, max_seq_len, 
     else:
         with pytest.raises(ExportError, match="dynamic rope scaling beyond its original 512 positions"):
             export_bundle(str(src), None, out, max_seq_len=max_seq_len, max_draft=4, progress=None)
+
+
+def test_a_mistyped_path_beside_its_folder_is_not_tried_as_a_hub_id(tmp_path, monkeypatch):
+    """'models/qwen-typo' looks like a hub id; with a models/ folder here it is a path, refused at once (offline,
+    huggingface_hub would retry for ~25 s first)."""
+    (tmp_path / "models").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ExportError, match=r"models/qwen-typo: no such file or folder in models/"):
+        _export("models/qwen-typo", tmp_path / "out")

@@ -66,6 +66,10 @@ def _locate(src: str) -> tuple[str, str, dict]:
             raise ExportError(f"{src}: folder has no config.json (not a Hugging Face model folder)")
         return "hf-folder", str(path), {}
     if _HUB_ID.match(src):
+        org = Path(src.split("/")[0])
+        if org.is_dir():            # "models/qwen-typo" beside a models/ folder: a mistyped path, not a hub id
+            raise ExportError(f"{src}: no such file or folder in {org}/ (a hub id has the same org/name form, but "
+                              f"{org}/ is a folder here; to download it anyway, run from another folder)")
         return "hub", src, {}
     raise ExportError(f"{src}: no such file or folder, and not a hub id of the form org/name")
 

@@ -18,7 +18,7 @@ B = 8
 
 
 def main(bundle: str) -> None:
-    gen = load(bundle, max_batch=B)
+    gen = load(bundle, max_batch=B, prompt_cache=False)
     prompts = load_prompts(None)
     base = dict(max_new_tokens=64, temperature=0.0, ignore_eos=True)
     for name in ("adaptive", "fixed:4", "adaptive"):

@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     policies = args.policies.split(",")
-    gen = load(args.bundle, max_batch=args.max_batch, max_queue=256, background=True)
+    gen = load(args.bundle, max_batch=args.max_batch, max_queue=256, background=True, prompt_cache=False)
     for p in policies:                                    # warm-up, as bench-serve's
         cell(gen, p, 1, 1, args.tokens)
     cells, step_logs = {p: [] for p in policies}, {p: [] for p in policies}

@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     policies.AdaptivePolicy.next_k = _logged_next_k
-    gen = load(args.bundle, max_batch=args.max_batch, max_queue=256, background=True)
+    gen = load(args.bundle, max_batch=args.max_batch, max_queue=256, background=True, prompt_cache=False)
     for p in ("target", "fixed:4", "adaptive"):                 # warm-up, as bench-serve's
         cell(gen, p, 1, 1, args.tokens)
     cells = []

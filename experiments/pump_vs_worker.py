@@ -36,7 +36,8 @@ def main() -> None:
     parser.add_argument("--policies", default="target,adaptive")
     args = parser.parse_args()
     policies = args.policies.split(",")
-    sides = {"caller": load(args.bundle, max_batch=8), "worker": load(args.bundle, max_batch=8, background=True)}
+    sides = {"caller": load(args.bundle, max_batch=8, prompt_cache=False),
+             "worker": load(args.bundle, max_batch=8, background=True, prompt_cache=False)}
     for gen in sides.values():
         for p in policies:
             gen.generate(BUILTIN_PROMPTS[0]["prompt"], policy=p, max_new_tokens=8)

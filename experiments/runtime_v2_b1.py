@@ -19,12 +19,14 @@ import subprocess
 import sys
 
 RUN = r"""
-import json, sys, time
+import inspect, json, sys, time
 from specedge.runtime import load
 prompts = ["def quicksort(arr):\n", "import numpy as np\n\ndef moving_average(x: np.ndarray, window: int) -> np.ndarray:\n",
            "class LRUCache:\n    def __init__(self, capacity: int):\n"]
 bundle, tokens, max_batch, spinning = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 options = {} if spinning == "default" else {"spinning": spinning == "on"}
+if "prompt_cache" in inspect.signature(load).parameters:       # a checkout from before the cache has none
+    options["prompt_cache"] = False
 gen = load(bundle, max_batch=max_batch, **options) if max_batch > 1 or options else load(bundle)
 out = {}
 for policy in ("target", "adaptive"):

@@ -32,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     policies = args.policies.split(",")
     prompts = load_prompts(None)
-    gen = load(args.bundle, max_batch=8)
+    gen = load(args.bundle, max_batch=8, prompt_cache=False)
     server, api = {p: [] for p in policies}, {p: [] for p in policies}
     with served(args.bundle, 8, extra_args=shlex.split(args.server_args)) as (url, _pid):
         for r in range(args.rounds):

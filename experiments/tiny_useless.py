@@ -37,7 +37,7 @@ def main(argv: list[str]) -> None:
         target = save(make_model("llama", len(tok), seed=1, layers=4), tok, root / "target")
         draft = save(make_model("llama", len(tok), seed=2, layers=2), tok, root / "draft")
         export_bundle(str(target), str(draft), bundle, max_seq_len=256, max_draft=8, progress=None, force=True)
-    gen = load(bundle)
+    gen = load(bundle, prompt_cache=False)
     prompts = list(BUILTIN_PROMPTS[:3])
     results = run_bench(gen, prompts, args.policies.split(","), max_new_tokens=args.tokens, repeat=args.repeat)
     print(table(results))

@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     policies = args.policies.split(",")
-    gen = load(args.bundle, max_batch=max(8, args.batch))
+    gen = load(args.bundle, max_batch=max(8, args.batch), prompt_cache=False)
     for p in policies:                                         # warm-up, as bench's
         run_together(gen, list(BUILTIN_PROMPTS), REQUESTS, dict(max_new_tokens=8, ignore_eos=True, policy=p), None)
     waves, steps = {p: [] for p in policies}, {p: [] for p in policies}

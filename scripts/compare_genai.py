@@ -54,7 +54,7 @@ def main(argv: list[str]) -> None:
     config = og.Config(args.genai_dir)
     config.overlay(json.dumps({"model": {"decoder": {"session_options": {
         "intra_op_num_threads": args.threads, "inter_op_num_threads": 1}}}}))
-    model, gen = og.Model(config), load(args.bundle, threads=args.threads,
+    model, gen = og.Model(config), load(args.bundle, threads=args.threads, prompt_cache=False,
                                       target_rows=args.target_rows if args.target_rows == "auto" else int(args.target_rows))
     print(f"intra-op threads: {args.threads} for both; specedge's target single steps as {gen.target_min_rows} "
           f"row(s), {'exact' if gen.target_steps_exact else 'NOT exact'} against its verify rows here", file=sys.stderr)

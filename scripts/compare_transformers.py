@@ -31,7 +31,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = transformers.AutoModelForCausalLM.from_pretrained(args.hf_folder, dtype=torch.float32).eval()
-    gen = load(args.bundle, threads=args.threads)
+    gen = load(args.bundle, threads=args.threads, prompt_cache=False)
     n = args.max_new_tokens
     prompts = [gen.encode(row["prompt"], row.get("chat", False)) for row in BUILTIN_PROMPTS]
 

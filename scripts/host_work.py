@@ -23,7 +23,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--requests", type=int, default=6)
     parser.add_argument("--max-batch", type=int, default=1)
     args = parser.parse_args(argv)
-    gen = load(args.bundle, max_batch=args.max_batch)
+    gen = load(args.bundle, max_batch=args.max_batch, prompt_cache=False)
     prompts = [row["prompt"] for row in BUILTIN_PROMPTS[:3]]
     for policy in args.policies.split(","):
         gen.generate(prompts[0], max_new_tokens=8, policy=policy)                 # warm-up

@@ -113,11 +113,15 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
 @gpu_options
 @target_rows_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, prompt_tokens, stats.")
+@click.option("--logprobs", default=None, type=click.IntRange(0, 20),
+              help="With --json: each generated token's logprob under the target and its N likeliest rivals.")
 def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed, k, no_draft, policy, drafter,
-             stop, ignore_eos, threads, backend, device_id, cuda_graphs, target_rows, as_json):
+             stop, ignore_eos, threads, backend, device_id, cuda_graphs, target_rows, as_json, logprobs):
     """Generate a completion, streaming it, then print the stats."""
     from specedge.runtime import load
 
+    if logprobs is not None and not as_json:
+        raise OptionError("--logprobs goes with --json (the logprobs are a field of its output)")
     if prompt == "-":
         prompt = sys.stdin.read()
     gen = load(bundle, backend=backend, threads=threads, target_rows=_rows(target_rows), device_id=device_id,
@@ -129,7 +133,8 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
             asked("k") == click.core.ParameterSource.DEFAULT:        # as `serve` does; an explicit --k still errs
         click.echo("this bundle has no draft model: the target runs alone", err=True)   # the runtime's default
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                   use_draft=not no_draft, stop=stop, chat=chat, ignore_eos=ignore_eos, policy=policy, drafter=drafter)
+                   use_draft=not no_draft, stop=stop, chat=chat, ignore_eos=ignore_eos, policy=policy, drafter=drafter,
+                   logprobs=logprobs)
     if no_draft or asked("k") != click.core.ParameterSource.DEFAULT:
         options["k"] = 0 if no_draft else k          # else the runtime's default, capped by the bundle's max_draft
     if as_json:
@@ -469,9 +474,10 @@ def _serve_extra(err: ImportError) -> SpecedgeError:
               help="On SIGTERM / Ctrl+C: seconds in-flight requests may take to finish before they are cancelled.")
 @click.option("--max-body-bytes", default=1 << 20, show_default=True, type=POSITIVE,
               help="Largest request body (413 beyond it).")
-@click.option("--prompt-cache/--no-prompt-cache", default=True, show_default=True,
+@click.option("--prompt-cache/--no-prompt-cache", default=None,
               help="Free KV slots keep their text: a request starting with it (a conversation's next turn, a shared "
-                   "system prompt) prefills only the rest (usage.prompt_tokens_details.cached_tokens).")
+                   "system prompt) prefills only the rest (usage.prompt_tokens_details.cached_tokens) [default: on "
+                   "where that is exact: the cpu backend].")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--ray", "use_ray", is_flag=True,

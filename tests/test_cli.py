@@ -55,6 +55,11 @@ def test_generate_json_and_baseline(cli_bundle):
     assert base["stats"]["drafted_tokens"] == 0 and base["stats"]["mean_accepted_length"] == 1.0
     for key in ("acceptance_per_position", "tokens_per_s", "time_s", "top_rejections", "drafted_tokens"):
         assert key in spec["stats"]
+    with_logprobs = json.loads(specedge(*args, "--k", "3", "--logprobs", "2").stdout)
+    assert [e["token"] for e in with_logprobs["logprobs"]] == spec["tokens"]
+    assert all(len(e["top"]) == 2 and e["logprob"] <= 0 for e in with_logprobs["logprobs"])
+    refused = specedge("generate", str(cli_bundle), "--prompt", "x", "--logprobs", "2", check=False)
+    assert refused.returncode == 2 and "--logprobs goes with --json" in refused.stderr
 
 
 def test_target_rows_option(cli_bundle):

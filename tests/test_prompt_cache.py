@@ -2,12 +2,16 @@
 tokens are exactly those of a run that prefilled everything (greedy and seeded sampling, each attention variant,
 fp32 and int4, the target alone and with a draft)."""
 
+import os
+import random
+import threading
+
 import numpy as np
 import pytest
 
 import tiny_models as tm
 from conftest import ARCHS, TARGET_ROWS, _export, together
-from specedge.errors import OptionError
+from specedge.errors import OptionError, SpecedgeError
 from specedge.runtime import load
 from specedge.runtime.sequences import HeldText
 
@@ -78,13 +82,13 @@ def test_a_prefix_held_by_another_free_slot_is_copied(standard_bundles):
     gen = load(standard_bundles["qwen2"], max_batch=3)
     FIRST, MORE, _ = _ids(gen)
     _, second = together(gen, [(OTHER_TEXT, dict(GREEDY, max_new_tokens=40, k=0)), (FIRST_TEXT, GREEDY)])
-    assert gen.scheduler.held[0] is not None
-    held = gen.scheduler.held[1]
+    assert gen.scheduler.cache.held[0] is not None
+    held = gen.scheduler.cache.held[1]
     assert held is not None and held.tokens[: len(FIRST)].tolist() == FIRST
     follow_up = FIRST + second.tokens + MORE
     cached = gen.generate_ids(follow_up, **GREEDY)
     assert cached.stats.cached_prompt_tokens == len(FIRST) + len(second.tokens) - 1
-    after = gen.scheduler.held[1]                                # the copy left slot 1's text where it was
+    after = gen.scheduler.cache.held[1]                                # the copy left slot 1's text where it was
     assert after.tokens.tolist() == held.tokens.tolist() and after.stamp > held.stamp     # and it was used now
     n = len(follow_up) - 1                  # the prompt's K/V, all but the last token from the cache
     target_kv, draft_kv = _kv(gen.target, 0, n), _kv(gen.draft, 0, n)
@@ -104,13 +108,13 @@ def test_a_sequence_moved_by_compaction_leaves_a_usable_copy(standard_bundles):
         streams = [gen.stream_ids(short[0], **short[1]), gen.stream_ids(long_[0], **long_[1])]
     streams[0].wait()                                       # drives steps until the short one ends and leaves
     assert streams[1]._seq.slot == 0
-    held = gen.scheduler.held[1]
+    held = gen.scheduler.cache.held[1]
     assert held is not None and held.tokens[: len(FIRST)].tolist() == FIRST
     joining = gen.stream_ids(FIRST + MORE, **GREEDY)
     result, long_result = joining.wait(), streams[1].wait()
     assert result.stats.cached_prompt_tokens == len(FIRST)
     n = len(FIRST + MORE) - 1
-    slot = next(j for j, held in enumerate(gen.scheduler.held)   # where the joining request's text is
+    slot = next(j for j, held in enumerate(gen.scheduler.cache.held)   # where the joining request's text is
                 if held is not None and held.tokens[: n + 1].tolist() == FIRST + MORE)
     target_kv = _kv(gen.target, slot, n)
     gen.clear_prompt_cache()
@@ -130,14 +134,14 @@ def test_a_text_in_a_slot_compaction_fills_is_kept_in_a_free_slot(standard_bundl
         streams = [gen.stream_ids(OTHER, **dict(GREEDY, max_new_tokens=6, k=0)),
                    gen.stream_ids(FIRST, **dict(GREEDY, max_new_tokens=60))]
     ended = streams[0].wait()
-    assert streams[1]._seq.slot == 0 and gen.scheduler.held[2].finished
+    assert streams[1]._seq.slot == 0 and gen.scheduler.cache.held[2].finished
     follow_up = OTHER + ended.tokens + MORE
     joining = gen.stream_ids(follow_up, **GREEDY)
     result = joining.wait()
     assert joining._seq.slot in (0, 1) and result.stats.cached_prompt_tokens == len(OTHER) + len(ended.tokens) - 1
     streams[1].wait()
     n = len(follow_up) - 1
-    slot = next(j for j, held in enumerate(gen.scheduler.held)
+    slot = next(j for j, held in enumerate(gen.scheduler.cache.held)
                 if held is not None and held.tokens[: n + 1].tolist() == follow_up)
     target_kv, draft_kv = _kv(gen.target, slot, n), _kv(gen.draft, slot, n)
     gen.clear_prompt_cache()
@@ -153,7 +157,7 @@ def test_a_text_in_the_slot_a_new_request_takes_moves_to_a_free_slot(standard_bu
     FIRST, MORE, OTHER = _ids(gen)
     a = gen.generate_ids(FIRST, **GREEDY)
     b = gen.generate_ids(OTHER, **GREEDY)
-    assert b.stats.cached_prompt_tokens == 0 and gen.scheduler.held[1].tokens.tolist() == (FIRST + a.tokens)[:-1]
+    assert b.stats.cached_prompt_tokens == 0 and gen.scheduler.cache.held[1].tokens.tolist() == (FIRST + a.tokens)[:-1]
     follow_up = FIRST + a.tokens + MORE
     cached = gen.generate_ids(follow_up, **GREEDY)
     assert cached.stats.cached_prompt_tokens == len(FIRST) + len(a.tokens) - 1
@@ -172,13 +176,13 @@ def test_a_moving_text_replaces_the_least_recently_used_one(standard_bundles):
     sched = gen.scheduler
     FIRST, _, OTHER = _ids(gen)
     never = gen.vocab_size - 1                        # texts no prompt here starts with
-    sched.held[2] = HeldText(np.full(8, never), 0, finished=True, stamp=sched._tick())
-    sched.held[3] = HeldText(np.full(9, never), 0, finished=True, stamp=sched._tick())     # the more recent
+    sched.cache.held[2] = HeldText(np.full(8, never), 0, finished=True, stamp=sched.cache._tick())
+    sched.cache.held[3] = HeldText(np.full(9, never), 0, finished=True, stamp=sched.cache._tick())     # the more recent
     with sched.wake:
         streams = [gen.stream_ids(OTHER, **dict(GREEDY, max_new_tokens=4, k=0)),
                    gen.stream_ids(FIRST, **dict(GREEDY, max_new_tokens=40))]
     ended = streams[0].wait()
-    assert sched.held[2].tokens.tolist() == (OTHER + ended.tokens)[:-1] and len(sched.held[3].tokens) == 9
+    assert sched.cache.held[2].tokens.tolist() == (OTHER + ended.tokens)[:-1] and len(sched.cache.held[3].tokens) == 9
     streams[1].wait()
     gen.close()
 
@@ -199,7 +203,7 @@ def test_a_failed_sequence_leaves_nothing_to_reuse(standard_bundles, monkeypatch
     with pytest.raises(Exception, match="injected"):
         gen.generate_ids(FIRST, **GREEDY)
     monkeypatch.setattr(gen.target, "run", real_run)
-    assert gen.scheduler.held[0] is None
+    assert gen.scheduler.cache.held[0] is None
     assert gen.generate_ids(FIRST, **GREEDY).stats.cached_prompt_tokens == 0
     gen.close()
 
@@ -244,3 +248,189 @@ def test_bad_messages_are_one_line_errors(chat_bundle, messages, message):
     with pytest.raises(OptionError, match=message):
         gen.chat(messages)
     gen.close()
+
+
+# -- the invariant: every held text's K/V is, byte for byte, what a fresh prefill of its tokens writes ----------------
+class HeldChecker:
+    """Wraps the scheduler's iterations: after each one (however it ended), every held text is checked against a
+    fresh prefill of its tokens in a separate backend (target: all of them, draft: the first draft_len)."""
+
+    def __init__(self, gen):
+        from specedge.runtime.backends import open_backend
+        from specedge.runtime.backends.base import SlotCursor
+
+        self.gen, self.cursor, self.fresh, self.violations, self.checked = gen, SlotCursor, {}, [], 0
+        self.refs = {}
+        for role, model in (("target", gen.target), ("draft", gen.draft)):
+            if model is not None:
+                entry = gen.manifest["models"][role]
+                self.refs[role] = open_backend("cpu", gen.path / entry["file"], entry, gen.max_seq_len)
+                self.refs[role].min_rows = model.min_rows
+        inner = gen.scheduler._iterate
+
+        def checked():
+            try:
+                inner()
+            finally:
+                self.check()
+        gen.scheduler._iterate = checked
+
+    def _expected(self, role: str, tokens: tuple) -> list:
+        if (role, tokens) not in self.fresh:
+            cursor = self.cursor(self.refs[role])
+            cursor.feed(list(tokens))
+            self.fresh[(role, tokens)] = _kv(self.refs[role], 0, len(tokens))
+        return self.fresh[(role, tokens)]
+
+    def check(self) -> None:
+        running = {s.slot for s in self.gen.scheduler.running}
+        for slot, held in enumerate(self.gen.scheduler.cache.held):
+            if held is None:
+                continue
+            self.checked += 1
+            tokens = tuple(held.tokens.tolist())
+            if slot in running:
+                self.violations.append((slot, "a running slot holds a text"))
+            if not _same(_kv(self.gen.target, slot, len(tokens)), self._expected("target", tokens)):
+                self.violations.append((slot, "target K/V"))
+            d = held.draft_len
+            if d and not _same(_kv(self.gen.draft, slot, d), self._expected("draft", tokens[:d])):
+                self.violations.append((slot, "draft K/V"))
+
+
+def test_a_shared_system_prompt_does_not_evict_another_conversation(standard_bundles):
+    """B starts with the system prompt A's conversation holds: B takes that prefix, and A's whole conversation is
+    first kept in a free slot, so A's next turn still starts from all of it."""
+    gen = load(standard_bundles["qwen2"], max_batch=2)
+    system = gen.encode("You are terse. " * 4)
+    a_prompt, b_prompt = system + gen.encode("first question"), system + gen.encode("other question")
+    a = gen.generate_ids(a_prompt, **GREEDY)
+    b = gen.generate_ids(b_prompt, **GREEDY)
+    assert b.stats.cached_prompt_tokens == len(system) + len(os.path.commonprefix(
+        [gen.encode("first question"), gen.encode("other question")]))
+    again = gen.generate_ids(a_prompt + a.tokens + gen.encode(MORE_TEXT), **GREEDY)
+    assert again.stats.cached_prompt_tokens == len(a_prompt) + len(a.tokens) - 1
+    gen.close()
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("device copy failed"), KeyboardInterrupt()], ids=["error", "ctrl-c"])
+@pytest.mark.parametrize("model", ["target", "draft"])
+def test_a_copy_that_fails_part_way_leaves_no_false_text(standard_bundles, failure, model):
+    """A text being copied into a free slot when the copy fails after its first layer: that slot must not still
+    claim its old text (whose K/V is now partly overwritten); a later follow-up of the old text is exact."""
+    gen = load(standard_bundles["qwen2"], max_batch=2)
+    checker = HeldChecker(gen)
+    FIRST, MORE, OTHER = _ids(gen)
+    a = gen.generate_ids(FIRST, **GREEDY)                   # A's text in slot 0
+    gen.generate_ids(OTHER, **GREEDY)                       # B takes slot 0; A's text moves to free slot 1
+    backend = getattr(gen, model)
+    real = backend.move_slot
+
+    def fails_after_one_layer(src, dst, length):
+        backend.keys[0][dst, :, :length] = backend.keys[0][src, :, :length]
+        raise failure
+
+    backend.move_slot = fails_after_one_layer
+    with pytest.raises((RuntimeError, KeyboardInterrupt, Exception)):
+        gen.generate_ids(gen.encode("zzz"), **GREEDY)         # C takes slot 0: B's text is copied over slot 1
+    backend.move_slot = real
+    follow_up = FIRST + a.tokens + MORE
+    cached = gen.generate_ids(follow_up, **GREEDY)
+    gen.clear_prompt_cache()
+    assert gen.generate_ids(follow_up, **GREEDY).tokens == cached.tokens
+    assert checker.checked > 0 and checker.violations == []
+    gen.close()
+
+
+def test_ctrl_c_during_compaction_records_nothing_false_and_the_next_step_finishes_the_moves(standard_bundles):
+    gen = load(standard_bundles["qwen2"], max_batch=3)
+    checker = HeldChecker(gen)
+    FIRST, MORE, OTHER = _ids(gen)
+    real, moves = gen.draft.move_slot, []
+
+    def interrupted_once(src, dst, length):
+        real(src, dst, length)
+        moves.append((src, dst))
+        if (src, dst) == (1, 0) and len([m for m in moves if m == (1, 0)]) == 1:
+            raise KeyboardInterrupt
+
+    gen.draft.move_slot = interrupted_once
+    with gen.scheduler.wake:
+        short = gen.stream_ids(OTHER, **dict(GREEDY, max_new_tokens=6, k=0))
+        long_ = gen.stream_ids(FIRST, **dict(GREEDY, max_new_tokens=40))
+    with pytest.raises(KeyboardInterrupt):
+        short.wait()
+    result = long_.wait()                                   # its steps go on: the move is finished first
+    assert [s.slot for s in gen.scheduler.running] == [] and moves.count((1, 0)) == 2
+    gen.draft.move_slot = real
+    gen.clear_prompt_cache()
+    assert gen.generate_ids(FIRST, **dict(GREEDY, max_new_tokens=40)).tokens == result.tokens
+    assert checker.checked > 0 and checker.violations == []
+    gen.close()
+
+
+def test_many_requests_at_once_keep_the_invariant_and_their_solo_outputs(standard_bundles):
+    """Threads sending prompts that share starts, follow-ups of earlier answers, cancellations: after every
+    iteration every held text's K/V equals a fresh prefill's, and every finished greedy request's tokens equal its
+    run alone with no cache."""
+    gen = load(standard_bundles["qwen2"], max_batch=3)
+    checker = HeldChecker(gen)
+    rng = random.Random(5)
+    stems = [gen.encode(t) for t in ("def f(x):\n", "class A:\n    ", "import os\n", "def f(y):\n")]
+    done, lock = [], threading.Lock()
+
+    def client(i: int) -> None:
+        history = list(stems[i % len(stems)])
+        for turn in range(3):
+            options = dict(GREEDY, max_new_tokens=rng.randint(3, 14), k=rng.choice([0, 2, 4]))
+            stream = gen.stream_ids(history, **options)
+            if rng.random() < 0.2:
+                next(iter(stream), None)
+                stream.cancel()
+                stream.wait()
+                continue
+            result = stream.wait()
+            with lock:
+                done.append((list(history), options, result.tokens))
+            history = history + result.tokens + stems[(i + turn) % len(stems)]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert checker.checked > 0 and checker.violations == []
+    assert gen.counters["cached_prompt_tokens"] > 0
+    gen.clear_prompt_cache()
+    for prompt, options, tokens in done:
+        gen.clear_prompt_cache()
+        assert gen.generate_ids(prompt, **options).tokens == tokens
+    gen.close()
+
+
+def test_clear_prompt_cache_inside_a_callback_is_an_error_not_a_hang(standard_bundles):
+    gen = load(standard_bundles["qwen2"])
+    errors = []
+
+    def on_token(ids, text):
+        try:
+            gen.clear_prompt_cache()
+        except SpecedgeError as err:
+            errors.append(err)
+
+    gen.stream_ids(gen.encode("hi"), on_token=on_token, **GREEDY).wait()
+    assert errors and "on_token" in str(errors[0])
+    gen.close()
+
+
+def test_the_cache_is_on_only_where_it_is_exact(standard_bundles, monkeypatch):
+    assert load(standard_bundles["qwen2"]).prompt_cache is True
+    on_cpu = {"device": "cpu"}                              # the cuda backend's code on the CPU provider
+    assert load(standard_bundles["qwen2"], backend="cuda", backend_options=on_cpu).prompt_cache is False
+    with pytest.raises(OptionError, match="not be exact here: not verified on the cuda backend"):
+        load(standard_bundles["qwen2"], backend="cuda", backend_options=on_cpu, prompt_cache=True)
+    # a CPU whose one-row kernel differs (auto picks two rows there), forced to one row
+    monkeypatch.setattr("specedge.runtime.generator.choose_min_rows", lambda *a, **k: 2)
+    assert load(standard_bundles["qwen2"], target_rows=1).prompt_cache is False
+    with pytest.raises(OptionError, match="target_rows=1"):
+        load(standard_bundles["qwen2"], target_rows=1, prompt_cache=True)

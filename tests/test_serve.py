@@ -114,7 +114,7 @@ def test_serve_without_the_prompt_cache(bundle):
 
     gen, _ = load_engine(EngineConfig(bundle=str(bundle), threads=1, prompt_cache=False))
     try:
-        assert gen.scheduler.prompt_cache is False
+        assert gen.prompt_cache is False
     finally:
         gen.close()
 
@@ -213,7 +213,7 @@ def test_four_hundreds_are_in_openai_shape_and_the_server_goes_on(server):
     base = {"model": MODEL, "prompt": "x"}
     cases = [
         ({**base, "n": 2}, "n"), ({**base, "presence_penalty": 0.5}, "presence_penalty"),
-        ({**base, "logprobs": 1}, "logprobs"), ({**base, "echo": True}, "echo"), ({**base, "suffix": "s"}, "suffix"),
+        ({**base, "logprobs": 6}, "logprobs"), ({**base, "echo": True}, "echo"), ({**base, "suffix": "s"}, "suffix"),
         ({**base, "logit_bias": {"1": 5}}, "logit_bias"), ({**base, "bogus": 1}, "bogus"),
         ({**base, "temperature": -1}, "temperature"), ({**base, "max_tokens": 0}, "max_tokens"),
         ({**base, "prompt": "y" * 300}, "prompt"), ({**base, "max_tokens": 256}, "max_tokens"),
@@ -228,7 +228,9 @@ def test_four_hundreds_are_in_openai_shape_and_the_server_goes_on(server):
     fits = assert_openai_error(post(srv, "/completions", {**base, "prompt": "y" * 10, "max_tokens": 250}), 400)
     assert "260 tokens (10 in the prompt, 250 for the completion)" in fits["message"]
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-    for body, param in [({**chat, "logprobs": True}, "logprobs"), ({**chat, "tools": [{"type": "function"}]}, "tools"),
+    for body, param in [({**chat, "top_logprobs": 2}, "top_logprobs"),
+                        ({**chat, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                        ({**chat, "logprobs": "yes"}, "logprobs"), ({**chat, "tools": [{"type": "function"}]}, "tools"),
                         ({**chat, "response_format": {"type": "json_object"}}, "response_format"),
                         ({**chat, "messages": []}, "messages"),
                         ({**chat, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},

@@ -41,7 +41,7 @@ def test_events_arrive_in_order_and_end_with_the_result(gen):
 
     async def main():
         req = Bridge(gen).open(gen.encode(PROMPT), max_new_tokens=30, ignore_eos=True, k=3)
-        pieces = [piece async for _, piece, _ in req.events()]
+        pieces = [piece async for _, piece, _, _ in req.events()]
         return req, pieces
 
     req, pieces = asyncio.run(main())
@@ -114,7 +114,7 @@ def test_an_outbox_whose_loop_is_gone_drops_events():
     loop = asyncio.new_event_loop()
     outbox = _LoopOutbox(loop)
     loop.close()
-    outbox.put(("text", "x", [1]))                                # no exception on the worker thread
+    outbox.put(("text", "x", [1], None))                                # no exception on the worker thread
 
 
 def test_the_bridge_needs_a_background_worker(bundle):
@@ -139,13 +139,13 @@ def test_defaults_and_overrides_map_to_runtime_options(gen):
                   "completion", gen, limits)
     assert fixed.prompt_ids == [1, 2, 3] and fixed.speculation == "fixed:4@ngram"
     assert fixed.options == dict(temperature=1.0, top_p=1.0, seed=3, stop=("\n",), top_k=5, ignore_eos=False,
-                                 policy="fixed:4", drafter="ngram", max_new_tokens=5)
+                                 policy="fixed:4", drafter="ngram", max_new_tokens=5, logprobs=None)
 
 
 @pytest.mark.parametrize("body, param", [
     ({"prompt": "x", "n": 3}, "n"),
     ({"prompt": "x", "best_of": 2}, "best_of"),
-    ({"prompt": "x", "logprobs": 2}, "logprobs"),
+    ({"prompt": "x", "logprobs": 6}, "logprobs"),
     ({"prompt": "x", "frequency_penalty": 0.1}, "frequency_penalty"),
     ({"prompt": "x", "made_up": 1}, "made_up"),
     ({"prompt": "x", "temperature": 2.5}, "temperature"),

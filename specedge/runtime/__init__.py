@@ -15,7 +15,7 @@ from specedge.runtime.stream import Stream
 def load(bundle, backend: str = "cpu", threads: int | None = None, target_rows: str | int = "auto",
          max_batch: int = 1, max_queue: int = 64, background: bool = False, spinning: bool | str | None = None,
          device_id: int = 0, cuda_graphs: bool = True, backend_options: dict | None = None,
-         prompt_cache: bool = True) -> Generator:
+         prompt_cache: bool | None = None) -> Generator:
     """Loads a bundle from its manifest alone onto `backend`: "cpu" (onnxruntime's CPU provider), "cuda"
     (onnxruntime-gpu, device-resident KV), "tensorrt" (engines built into the bundle), or "auto" (the first
     of those available here that runs this bundle; Generator.backend_choice says which and why).
@@ -28,7 +28,9 @@ def load(bundle, backend: str = "cpu", threads: int | None = None, target_rows: 
     backend_options: further constructor options of the backend (e.g. {"device": "cpu"} runs the cuda
     backend's code on the CPU provider, the tests' way to exercise it without a GPU).
     prompt_cache: a request whose prompt starts with text a free KV slot still holds (the last conversation
-    turn, a shared system prompt) prefills only the rest; exact (stats.cached_prompt_tokens says how many)."""
+    turn, a shared system prompt) prefills only the rest (stats.cached_prompt_tokens says how many). None (the
+    default): on where that is exact (the cpu backend, single steps equal to multi-row calls); True where it
+    would not be is an OptionError."""
     return Generator(bundle, backend=backend, threads=threads, target_rows=target_rows, max_batch=max_batch,
                      max_queue=max_queue, background=background, spinning=spinning, device_id=device_id,
                      cuda_graphs=cuda_graphs, backend_options=backend_options, prompt_cache=prompt_cache)

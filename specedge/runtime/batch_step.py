@@ -15,6 +15,7 @@ import numpy as np
 
 from specedge.runtime.backends.base import ModelBackend
 from specedge.runtime.drafters import lookup_for, one_hot
+from specedge.runtime.logprobs import token_logprobs
 from specedge.runtime.sampling import draw
 from specedge.runtime.sequences import Sequence
 from specedge.runtime.verify import accept_greedy_ids, accept_sampled
@@ -146,7 +147,8 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
 
 def speculative_step(m: Models, rows: list[Sequence], span: list[Sequence]) -> tuple[StepRecord, dict]:
     """rows: the decoding sequences, each with its k set; span: the sequence in each slot 0 .. len - 1.
-    -> (the step's record, {id(row): committed tokens}) with every row's positions advanced."""
+    -> (the step's record, {id(row): (committed tokens, their logprobs or None)}) with every row's positions
+    advanced."""
     record = StepRecord(batch=len(rows), k=[], accepted=[])
     # 1. draft: lookups, then up to max k shared draft calls
     t0 = time.perf_counter()
@@ -159,8 +161,8 @@ def speculative_step(m: Models, rows: list[Sequence], span: list[Sequence]) -> t
     starts = [seq.tgt_pos for seq in span[:hi]]
     tokens = [seq.tokens[seq.tgt_pos:] + drafts.get(id(seq), []) if seq.slot in by_slot else [] for seq in span[:hi]]
     last = [len(drafts.get(id(seq), [])) + 1 if seq.slot in by_slot else 0 for seq in span[:hi]]
-    greedy = all(s.warp.greedy for s in rows)
-    out, seconds = timed(m.target.run, starts, tokens, last, want="ids" if greedy else "logits")
+    out, seconds = timed(m.target.run, starts, tokens, last,
+                         want="logits" if any(s.wants_logits for s in rows) else "ids")
     record.model_s += seconds
     record.verify_rows, record.verify_tokens = hi, hi * max(len(t) for t in tokens)
     # 3. accept: the target decides every token; 4. rewind: positions only, stale slots are scratch
@@ -191,7 +193,8 @@ def speculative_step(m: Models, rows: list[Sequence], span: list[Sequence]) -> t
         s.stats.n_draft_calls += calls.get(id(s), 0)
         record.k.append(len(d))
         record.accepted.append(n)
-        committed[id(s)] = d[:n] + [token]
+        new = d[:n] + [token]
+        committed[id(s)] = (new, None if s.opts.logprobs is None else token_logprobs(rows_out, new, s.opts.logprobs))
     record.verify_s = time.perf_counter() - t1
     for s in rows:
         s.stats.draft_s += record.draft_s

@@ -39,7 +39,7 @@ class Generator:
     def __init__(self, bundle: str | Path, backend: str = "cpu", threads: int | None = None,
                  target_rows: str | int = "auto", max_batch: int = 1, max_queue: int = DEFAULT_MAX_QUEUE,
                  background: bool = False, spinning: bool | str | None = None, device_id: int = 0,
-                 cuda_graphs: bool = True, backend_options: dict | None = None, prompt_cache: bool = True):
+                 cuda_graphs: bool = True, backend_options: dict | None = None, prompt_cache: bool | None = None):
         if not isinstance(bundle, (str, os.PathLike)):
             raise OptionError(f"bundle must be a folder path, got {bundle!r}")
         max_batch, max_queue = integer("max_batch", max_batch, 1), integer("max_queue", max_queue, 0)
@@ -83,12 +83,30 @@ class Generator:
             choose_min_rows(self.draft, self.vocab_size)    # draft rows exact too: seeded sampling in a batch
         self.models = Models(self.target, self.draft, self.vocab_size, self.max_seq_len,
                              self.max_draft)
-        self.scheduler = Scheduler(self.models, max_batch, max_queue, self.decode, prompt_cache=bool(prompt_cache))
+        self.prompt_cache = self._prompt_cache(prompt_cache)
+        self.scheduler = Scheduler(self.models, max_batch, max_queue, self.decode, prompt_cache=self.prompt_cache)
         self.scheduler.background = background
         self._shared_policies: dict[tuple[str, str], object] = {}
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._closed = False
+
+    def _prompt_cache(self, asked: bool | None) -> bool:
+        """The prompt cache is exact where a token's K/V does not depend on the call that computed it: on the cpu
+        backend with single steps equal to multi-row calls (checked at load). None: on exactly there."""
+        why = None
+        if self.backend_name != "cpu":
+            why = (f"not verified on the {self.backend_name} backend (decode calls run at one fixed shape, prefill "
+                   "chunks at others)")
+        elif not self.target_steps_exact:
+            why = "target_rows=1 makes a lone token's row differ from multi-row calls on this CPU"
+        if asked is None:
+            return why is None
+        if not isinstance(asked, bool):
+            raise OptionError(f"prompt_cache must be True, False or None, got {asked!r}")
+        if asked and why:
+            raise OptionError(f"the prompt cache would not be exact here: {why}")
+        return asked
 
     @staticmethod
     def _with_width(options: dict, width: int) -> dict:
@@ -153,8 +171,8 @@ class Generator:
         """Starts a request; iterate the Stream for text pieces as tokens are committed, then read `.result`.
         on_token(ids, text) is called on the worker thread for every commit (keep it short).
         outbox: an object with put(event) that receives the request's events instead of the Stream (("text", piece,
-        ids) ..., then ("done", result) or ("error", exc), put on the worker thread; a server's event-loop bridge);
-        the Stream then only cancels."""
+        ids, logprobs of ids or None) ..., then ("done", result) or ("error", exc), put on the worker thread; a
+        server's event-loop bridge); the Stream then only cancels."""
         opts = self.options(**options)
         return self._submit(self.encode(prompt, opts.chat), opts, on_token, outbox)
 
@@ -177,8 +195,7 @@ class Generator:
 
     def clear_prompt_cache(self) -> None:
         """Forgets the text free slots hold, so that the next requests prefill their whole prompts (benchmarks)."""
-        with self.scheduler.drive:
-            self.scheduler.clear_prompt_cache()
+        self.scheduler.clear_prompt_cache()
 
     def shared_policy(self, spec: str, drafter: str = "model"):
         """The live shared policy behind a name (e.g. 'adaptive': its acceptance and cost estimates)."""
@@ -232,6 +249,7 @@ class Generator:
                        decoder=IncrementalDecoder(self.tokenizer), stops=StopStrings(list(opts.stop)),
                        eos_ids=frozenset() if opts.ignore_eos else self.eos_ids, on_token=on_token,
                        tokens=list(prompt_ids), started=time.perf_counter(),
+                       logprobs=None if opts.logprobs is None else [],
                        **({} if outbox is None else {"outbox": outbox}))
         seq.stats.prompt_tokens = len(prompt_ids)
         with self.scheduler.wake:               # the worker decides to exit under this lock, seeing the queue empty

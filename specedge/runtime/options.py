@@ -11,6 +11,7 @@ import numbers
 from dataclasses import replace
 
 from specedge.errors import OptionError
+from specedge.runtime.logprobs import MAX_TOP_LOGPROBS
 from specedge.runtime.policies import make_policy
 from specedge.runtime.sequences import DRAFTERS, GenerationOptions
 
@@ -129,5 +130,6 @@ def generation_options(options: dict, max_draft: int) -> GenerationOptions:
         top_k=integer("top_k", o.top_k, 0), top_p=top_p,
         seed=None if o.seed is None else integer("seed", o.seed, 0, 2**63 - 1),
         k=k, use_draft=flag("use_draft", o.use_draft), chat=flag("chat", o.chat),
-        ignore_eos=flag("ignore_eos", o.ignore_eos), stop=stop_strings(o.stop))
+        ignore_eos=flag("ignore_eos", o.ignore_eos), stop=stop_strings(o.stop),
+        logprobs=None if o.logprobs is None else integer("logprobs", o.logprobs, 0, MAX_TOP_LOGPROBS))
 

@@ -3,13 +3,11 @@
 Each iteration: retire finished and cancelled sequences (freeing their slots), admit waiting ones into free
 slots, prefill ONE chunk of the oldest joining sequence (so no running sequence stalls longer than one chunk),
 then one speculative step for every decoding sequence (batch_step.py). Active sequences always occupy slots
-0 .. n - 1: when one leaves, the sequence in the highest slot moves into the hole (its K/V copied once, up to
-its committed length), so every call binds one contiguous range of the buffers and never copies KV per step.
+0 .. n - 1: when one leaves, those above it move down (each one's K/V copied once, up to its committed length),
+so every call binds one contiguous range of the buffers and never copies KV per step.
 
-Prompt cache: a slot keeps the K/V of the sequence that last left it (its text up to its committed length) until
-another sequence takes the slot. A joining sequence whose prompt starts with what a free slot holds takes that
-prefix instead of prefilling it (copied into its own slot if it is another). Exact: a token's K/V is the same
-whichever call computed it (rows do not depend on the call), as speculation itself relies on.
+Prompt cache (prompt_cache.py): free slots keep the K/V of the sequences that left them; a joining sequence whose
+prompt starts with such a text takes that prefix instead of prefilling it.
 
 Who runs the iterations: by default the callers themselves. A caller waiting for its sequence's next tokens
 runs one iteration for every sequence if no other thread is running one (`pump`), else waits until that one
@@ -25,12 +23,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import replace
+
+import numpy as np
 
 from specedge.errors import SpecedgeError
 from specedge.runtime.batch_step import Models, StepRecord, draft_ready, speculative_step, timed
+from specedge.runtime.logprobs import token_logprobs
 from specedge.runtime.sampling import draw
-from specedge.runtime.sequences import GenerationResult, HeldText, Sequence
+from specedge.runtime.prompt_cache import PromptCache
+from specedge.runtime.sequences import GenerationResult, Sequence
 
 PREFILL_CHUNK = 64
 EVENTS_KEPT = 4096
@@ -43,9 +44,7 @@ class QueueFull(SpecedgeError):
 class Scheduler:
     def __init__(self, models: Models, max_batch: int, max_queue: int, decode, prompt_cache: bool = True):
         self.m, self.max_batch, self.max_queue, self.decode_ids = models, max_batch, max_queue, decode
-        self.prompt_cache = prompt_cache
-        self.held: list[HeldText | None] = [None] * max_batch    # what each free slot's K/V holds (prompt cache)
-        self._clock = 0                                           # stamps held texts (least recently used first)
+        self.cache = PromptCache(models, max_batch, prompt_cache)   # what free slots hold (prompt_cache.py)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []                     # running[i].slot == i
         self.wake = threading.Condition(threading.RLock())      # submissions, and "an iteration finished"
@@ -147,96 +146,44 @@ class Scheduler:
                 seq.slot = len(self.running)
                 self.running.append(seq)
                 admitted.append(seq)
-        for seq in admitted:
-            self._reuse_prefix(seq)
-
-    def _reuse_prefix(self, s: Sequence) -> None:
-        """Starts s from the longest start of its prompt that a free slot holds (its own slot's text first at equal
-        length, which needs no copy). The last prompt token is always fed: its logits give the first new token.
-        A finished text in s's slot that s does not start from is first copied to the free slot of least worth."""
-        own, self.held[s.slot] = self.held[s.slot], None
-        if not self.prompt_cache:
-            return
-        candidates = [(own, s.slot)] + [(self.held[j], j) for j in range(s.slot + 1, self.max_batch)]
-        best, length = None, 0
-        for text, slot in candidates:
-            n = text.common_prefix(s.prompt_ids, len(s.prompt_ids) - 1) if text is not None else 0
-            if n > length:
-                best, length = (text, slot), n
-        source = best[1] if best else None
-        if own is not None and own.finished and source != s.slot:
-            self._keep_elsewhere(own, s.slot, [j for j in range(len(self.running), self.max_batch) if j != source])
-        if best is None:
-            return
-        text, slot = best
-        drafted = min(length, text.draft_len)
-        if slot != s.slot:                                  # copy the prefix; the other slot keeps its text
-            self._copy(slot, s.slot, length, drafted)
-            self.held[slot] = replace(text, stamp=self._tick())
-        s.prefilled = s.tgt_pos = length
-        s.dft_pos = drafted if self.m.draft is not None else 0
-        s.stats.cached_prompt_tokens = length
-        self.counters["cached_prompt_tokens"] += length
+        self.cache.start(admitted, free_from=len(self.running))
+        self.counters["cached_prompt_tokens"] += sum(s.stats.cached_prompt_tokens for s in admitted)
 
     def clear_prompt_cache(self) -> None:
         """Forgets what free slots hold (the next requests prefill their whole prompts)."""
-        self.held = [None] * self.max_batch
-
-    def _tick(self) -> int:
-        self._clock += 1
-        return self._clock
-
-    def _copy(self, src: int, dst: int, length: int, draft_length: int) -> None:
-        self.m.target.move_slot(src, dst, length)
-        if self.m.draft is not None and draft_length:
-            self.m.draft.move_slot(src, dst, draft_length)
-
-    def _keep_elsewhere(self, text: HeldText, slot: int, spare: list[int]) -> None:
-        """Copies the text in `slot` (about to be overwritten) into the spare slot of least worth (nothing, a moving
-        sequence's leftover copy, then the least recently used), if that is worth less than the text."""
-        to = min(spare, key=lambda j: (-1, 0) if self.held[j] is None else self.held[j].worth, default=None)
-        if to is not None and (self.held[to] is None or self.held[to].worth < text.worth):
-            self._copy(slot, to, len(text.tokens), text.draft_len)
-            self.held[to] = text
-
-    def _keep_texts(self, leaving: list[Sequence], keep: int) -> None:
-        """Records what leaving sequences' slots hold; a text in a slot compaction will fill (below `keep`) is kept
-        elsewhere, in a slot compaction leaves alone."""
-        spare = [j for j in range(keep, self.max_batch) if j >= len(self.running) or self.running[j].done]
-        for seq in sorted(leaving, key=lambda s: s.slot < keep):         # texts that stay in place first
-            text = HeldText.of(seq, finished=True, stamp=self._tick())
-            if text is None:
-                continue
-            if seq.slot < keep:
-                self._keep_elsewhere(text, seq.slot, spare)
-            else:
-                self.held[seq.slot] = text
+        if getattr(self._inside, "step", False):
+            raise SpecedgeError("clear_prompt_cache cannot be called from an on_token callback (it runs inside a "
+                                "step)")
+        with self.drive:
+            self.cache.clear()
 
     def _retire(self) -> None:
+        """Drops ended sequences and moves the others down into the holes (each kept sequence to its index). The
+        list shrinks before anything is copied, so an interruption part-way neither records an ended sequence's
+        text twice nor leaves a hole: the next call finishes the moves."""
         for seq in list(self.running):
             if seq.cancelled.is_set() and not seq.done:
                 self._finish(seq, "cancelled")
         keep = [s for s in self.running if not s.done]
-        if len(keep) == len(self.running):
+        if len(keep) == len(self.running) and all(s.slot == i for i, s in enumerate(keep)):
             return
-        if self.prompt_cache:                               # a failed call may have left its K/V half-written
-            self._keep_texts([s for s in self.running if s.done and s.stats.stop_reason], len(keep))
-        for new_slot, seq in enumerate(keep):              # compaction: move into the holes, lowest first
-            if seq.slot != new_slot:
-                self._copy(seq.slot, new_slot, seq.tgt_pos, seq.dft_pos)
-                # the slot it left still holds a copy of its text so far
-                self.held[seq.slot] = HeldText.of(seq, finished=False, stamp=self._tick())
-                seq.slot = new_slot
+        leaving = [s for s in self.running if s.done and s.stats.stop_reason]
+        occupied = {s.slot for s in keep}
+        spare = [j for j in range(len(keep), self.max_batch) if j not in occupied]
         self.running = keep
-        for slot in range(len(keep)):
-            self.held[slot] = None
+        self.cache.leave(leaving, spare, len(keep))
+        for new_slot, seq in enumerate(keep):              # compaction: lowest first
+            if seq.slot != new_slot:
+                self.cache.move(seq, new_slot)
+                seq.slot = new_slot
+        self.cache.running(len(keep))
 
     def _prefill_chunk(self, s: Sequence) -> None:
         """The next chunk of s's prompt into both models (the draft only if it drafts with the model)."""
         chunk = s.prompt_ids[s.prefilled: s.prefilled + PREFILL_CHUNK]
         final = s.prefilled + len(chunk) == len(s.prompt_ids)
         t = time.perf_counter()
-        out = self.m.target.run([s.prefilled], [chunk], [1], lo=s.slot, want="ids" if s.warp.greedy else "logits")[0]
+        out = self.m.target.run([s.prefilled], [chunk], [1], lo=s.slot, want="logits" if s.wants_logits else "ids")[0]
         # the draft gets the prompt only if the policy would speculate in the batch this sequence joins and the
         # tokens it wants repay feeding the rest of the prompt: else it catches up once that pays
         # (batch_step.catch_up), and a useless draft, a batch too large for speculation to pay, or a long prompt
@@ -253,8 +200,12 @@ class Scheduler:
         s.tgt_pos = s.prefilled
         s.stats.prefill_s += time.perf_counter() - t
         if final:
-            token = int(out[-1]) if s.warp.greedy else draw(s.warp.probs(out[-1:])[0], s.rng)
-            self._commit(s, [token])
+            if out.dtype == np.int64:
+                token = int(out[-1])
+            else:
+                token = int(out[-1].argmax()) if s.warp.greedy else draw(s.warp.probs(out[-1:])[0], s.rng)
+            self._commit(s, [token], token_logprobs(out[-1:], [token], s.opts.logprobs)
+                         if s.opts.logprobs is not None else None)
 
     def _decode_step(self, rows: list[Sequence]) -> None:
         self._choose_k(rows)
@@ -283,7 +234,7 @@ class Scheduler:
             self.on_step(record)
         for s in rows:                  # each its own: one caller's failing on_token ends that request only
             try:
-                self._commit(s, committed[id(s)])
+                self._commit(s, *committed[id(s)])
             except Exception as err:  # noqa: BLE001 - a callback or decoder error, reported to that caller
                 self._fail([s], err)
 
@@ -324,12 +275,16 @@ class Scheduler:
                 k = s.policy.next_k(caps[id(s)]) if caps[id(s)] else 0
             s.k = min(k, caps[id(s)])
 
-    def _commit(self, s: Sequence, new: list[int]) -> None:
-        """Appends a step's tokens: cut at max_new_tokens and eos, decode, stop strings, hand them to the caller."""
+    def _commit(self, s: Sequence, new: list[int], logprobs: list | None = None) -> None:
+        """Appends a step's tokens (and their logprobs, when asked for): cut at max_new_tokens and eos, decode, stop
+        strings, hand them to the caller."""
         new = new[: s.opts.max_new_tokens - s.n_new]
         hit = next((i for i, t in enumerate(new) if t in s.eos_ids), None)
         if hit is not None:
             new = new[: hit + 1]
+        if logprobs is not None:
+            logprobs = logprobs[: len(new)]
+            s.logprobs += logprobs
         s.tokens += new
         s.n_new += len(new)
         piece = s.stops.push(s.decoder.push(new))
@@ -347,7 +302,7 @@ class Scheduler:
             piece += s.stops.flush()
         if s.on_token is not None:
             s.on_token(new, piece)
-        s.outbox.put(("text", piece, new))
+        s.outbox.put(("text", piece, new, logprobs))
         if reason:
             self._finish(s, reason)
 
@@ -356,4 +311,5 @@ class Scheduler:
         s.stats.stop_reason = reason
         s.stats.new_tokens = s.n_new
         s.stats.total_s = time.perf_counter() - s.started
-        s.outbox.put(("done", GenerationResult(s.stops.text, s.generated, len(s.prompt_ids), s.stats)))
+        s.outbox.put(("done", GenerationResult(s.stops.text, s.generated, len(s.prompt_ids), s.stats,
+                                               None if s.logprobs is None else list(s.logprobs))))

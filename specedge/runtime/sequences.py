@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specedge.runtime.logprobs import TokenLogprob
 from specedge.runtime.sampling import Warp
 from specedge.runtime.stats import GenerationStats
 from specedge.runtime.text import IncrementalDecoder, StopStrings
@@ -35,6 +36,7 @@ class GenerationOptions:
     stop: tuple[str, ...] = ()
     chat: bool = False
     ignore_eos: bool = False        # run to max_new_tokens (benchmarks, tests)
+    logprobs: int | None = None     # None: off; n >= 0: each generated token's logprob and its n likeliest rivals
 
 
 @dataclass
@@ -43,10 +45,14 @@ class GenerationResult:
     tokens: list[int]               # generated ids (an eos id that ended the run included)
     prompt_tokens: int
     stats: GenerationStats = field(default_factory=GenerationStats)
+    logprobs: list[TokenLogprob] | None = None     # one per generated token, when asked for (options.logprobs)
 
     def to_json(self, decode=None) -> dict:
-        return {"text": self.text, "tokens": self.tokens, "prompt_tokens": self.prompt_tokens,
-                "stats": self.stats.to_json(decode)}
+        out = {"text": self.text, "tokens": self.tokens, "prompt_tokens": self.prompt_tokens,
+               "stats": self.stats.to_json(decode)}
+        if self.logprobs is not None:
+            out["logprobs"] = [entry.to_json() for entry in self.logprobs]
+        return out
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,9 @@ class Sequence:
     n_new: int = 0
     k: int = 0                      # this step's draft length
     stats: GenerationStats = field(default_factory=GenerationStats)
-    outbox: queue.Queue = field(default_factory=queue.Queue)   # ("text", piece, ids) ... ("done", result) | ("error", exc)
+    logprobs: list[TokenLogprob] | None = None         # per generated token, when opts.logprobs is set
+    # ("text", piece, ids, logprobs of ids or None) ... then ("done", result) | ("error", exc)
+    outbox: queue.Queue = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     done: bool = False
     started: float = 0.0
@@ -105,6 +113,11 @@ class Sequence:
     @property
     def generated(self) -> list[int]:
         return self.tokens[len(self.prompt_ids):]
+
+    @property
+    def wants_logits(self) -> bool:
+        """Whether the target must return logits for this row (sampling, or logprobs), not just argmax ids."""
+        return not self.warp.greedy or self.opts.logprobs is not None
 
     @property
     def uses_draft_model(self) -> bool:

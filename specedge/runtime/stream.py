@@ -32,7 +32,7 @@ class Stream:
                     self._scheduler.pump(self._seq)      # drive the batch, or wait for whoever drives it
                     continue
                 if kind == "text":
-                    piece, ids = payload
+                    piece, ids, _ = payload
                     self.tokens += ids
                     if piece:
                         return piece

@@ -29,6 +29,7 @@ from specedge.runtime.stats import GenerationStats
 from specedge.serve import protocol
 from specedge.serve.bridge import Bridge, RequestTimeout
 from specedge.serve.errors import APIError, invalid
+from specedge.serve.logprobs import TokenText, chat_logprobs, completion_logprobs
 from specedge.serve.metrics import Metrics
 from specedge.serve.protocol import Limits
 from specedge.serve.rejections import RejectionLog
@@ -61,6 +62,7 @@ class Service:
         self.metrics = Metrics(gen.scheduler)
         self.rejections = RejectionLog(gen.decode, _special_ids(gen))
         self.steps = StepLog()
+        self.token_text = TokenText(gen.tokenizer)
         self.bridge: Bridge | None = None
         self.created = int(time.time())
         self._previous_hook = None
@@ -196,17 +198,26 @@ class Service:
         self._done(req, handle, stop, stats, started)
         self._log(request, req, handle, 200, stop, spec, started)
         return JSONResponse(protocol.response(req, handle.text, len(handle.tokens), stats.cached_prompt_tokens, stop,
-                                              spec))
+                                              spec, self._logprobs(req, handle.logprobs)))
+
+    def _logprobs(self, req, entries: list, offset: int = 0) -> dict | None:
+        """The logprobs block of these tokens in the request kind's shape; None where none were asked for."""
+        if req.options.get("logprobs") is None:
+            return None
+        if req.kind == "chat":
+            return chat_logprobs(entries, self.token_text)
+        return completion_logprobs(entries, self.token_text, offset)
 
     async def _follow(self, handle, outcome: dict):
-        """Yields a request's text pieces as they come; at its end fills outcome (stop reason, stats), or raises
-        APIError: 500 for a failed generation, 503 for a timeout before the first token or a shutdown."""
+        """Yields a request's (text piece, its tokens' logprobs or None) as they come (a piece may be empty when
+        logprobs were asked for); at its end fills outcome (stop reason, stats), or raises APIError: 500 for a
+        failed generation, 503 for a timeout before the first token or a shutdown."""
         try:
-            async for _, piece, ids in handle.events():
+            async for _, piece, ids, logprobs in handle.events():
                 if ids:
                     self.metrics.tokens_out(len(ids))
-                if piece:
-                    yield piece
+                if piece or logprobs:
+                    yield piece, logprobs
             stop, stats = handle.result.stats.stop_reason, handle.result.stats
         except RequestTimeout as err:
             result = await handle.settle()
@@ -238,9 +249,13 @@ class Service:
         try:
             if req.kind == "chat":
                 yield _event(protocol.chunk(req, "", first=True))
+            offset = 0                                    # completions' text_offset: the text before the chunk
             try:
-                async for piece in self._follow(handle, outcome):
-                    yield _event(protocol.chunk(req, piece))
+                async for piece, logprobs in self._follow(handle, outcome):
+                    block = self._logprobs(req, logprobs or [], offset)
+                    if block is not None and req.kind == "completion":
+                        offset += sum(len(token) for token in block["tokens"])
+                    yield _event(protocol.chunk(req, piece, logprobs=block))
             except APIError as err:                       # headers are sent: an error event, then the end
                 status, stop = err.status, err.code or err.type
                 self.metrics.request_error(err.status)

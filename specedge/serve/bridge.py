@@ -2,7 +2,7 @@
 
 `Bridge.open` submits a request to the generator (background=True) with an outbox whose `put`, called on the
 worker thread, hands each event to the event loop with `call_soon_threadsafe`; the request's `events()` is
-then an async iterator of ("text", piece, ids) events that ends with the GenerationResult. Nothing blocks the
+then an async iterator of ("text", piece, ids, logprobs) events that ends with the GenerationResult. Nothing blocks the
 event loop and no thread waits per request. Cancelling (a client that went away, a timeout, a task cancelled
 at shutdown) sets the sequence's cancel flag: its slot is free at the next step boundary.
 """
@@ -48,6 +48,7 @@ class Request:
     first_token_at: float | None = None
     token_times: list[float] = field(default_factory=list)   # perf_counter of each commit that carried tokens
     tokens: list[int] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)     # TokenLogprob per token in `tokens`, when asked for
     text: str = ""
     result: GenerationResult | None = None
     timed_out: bool = False
@@ -59,7 +60,7 @@ class Request:
         self.stream.cancel()
 
     async def events(self):
-        """Yields ("text", piece, ids) as tokens are committed; the result is in .result when it ends.
+        """Yields ("text", piece, ids, logprobs of ids or None) as tokens are committed; the result is in .result when it ends.
         Raises the runtime's error if generation failed, RequestTimeout past the deadline. Leaving the iteration
         early (or being cancelled) cancels the request."""
         try:
@@ -75,14 +76,15 @@ class Request:
                     self.cancel()
                     raise RequestTimeout(self.deadline - self.arrived, self.tokens, self.text) from None
                 if kind == "text":
-                    piece, ids = payload
+                    piece, ids, logprobs = payload
                     if ids:
                         now = time.perf_counter()
                         self.first_token_at = self.first_token_at or now
                         self.token_times.append(now)
                         self.tokens += ids
+                        self.logprobs += logprobs or []
                     self.text += piece
-                    yield kind, piece, ids
+                    yield kind, piece, ids, logprobs
                 elif kind == "done":
                     self.result = payload[0]
                     return

@@ -28,7 +28,7 @@ class EngineConfig:
     device_id: int = 0
     cuda_graphs: bool = True
     target_rows: str | int = "auto"
-    prompt_cache: bool = True             # free slots keep their text; a request starting with it skips that prefill
+    prompt_cache: bool | None = None      # free slots keep their text (None: where exact; see runtime.load)
 
     def resolved_max_batch(self) -> int:
         """The KV slots a replica allocates (reads the manifest when max_batch is unset)."""

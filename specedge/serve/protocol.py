@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from specedge.errors import OptionError, SpecedgeError
+from specedge.runtime.logprobs import MAX_TOP_LOGPROBS
 from specedge.runtime.options import CHAT_ROLES, checked_text
 from specedge.serve.errors import APIError, invalid, unsupported
 
@@ -30,9 +31,8 @@ _ANY = object()
 _DEFAULT_ONLY_COMMON = {"n": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
                         "logit_bias": (None, {}), "service_tier": (None, "auto", "default")}
 _DEFAULT_ONLY = {
-    "completion": {**_DEFAULT_ONLY_COMMON, "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
-                   "logprobs": (None,)},
-    "chat": {**_DEFAULT_ONLY_COMMON, "logprobs": (None, False), "top_logprobs": (None, 0), "tools": (None, []),
+    "completion": {**_DEFAULT_ONLY_COMMON, "best_of": (None, 1), "echo": (None, False), "suffix": (None, "")},
+    "chat": {**_DEFAULT_ONLY_COMMON, "tools": (None, []),
              "functions": (None, []), "tool_choice": (None, "none", "auto"), "function_call": (None, "none", "auto"),
              "response_format": (None, {"type": "text"}), "store": (None, False), "modalities": (None, ["text"]),
              "audio": (None,), "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,),
@@ -42,12 +42,11 @@ _DEFAULT_ONLY = {
 _METADATA = {"user", "metadata", "parallel_tool_calls", "safety_identifier", "prompt_cache_key"}
 _HONOURED = {
     "completion": {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
-                   "stream_options", "top_k", "ignore_eos", "speculation", "timeout"},
+                   "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs"},
     "chat": {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
-             "stream", "stream_options", "top_k", "ignore_eos", "speculation", "timeout"},
+             "stream", "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "top_logprobs"},
 }
-_WHY = {"logprobs": " (no log probabilities are returned)", "top_logprobs": " (no log probabilities are returned)",
-        "n": " (one choice per request)", "best_of": " (one choice per request)",
+_WHY = {"n": " (one choice per request)", "best_of": " (one choice per request)",
         "tools": " (no tool calling)", "functions": " (no tool calling)", "tool_choice": " (no tool calling)",
         "function_call": " (no tool calling)", "echo": "", "store": " (nothing is stored)"}
 
@@ -111,6 +110,19 @@ def _bool(body: dict, name: str) -> bool:
     if not isinstance(value, bool):
         raise invalid(f"'{name}' must be a boolean, got {value!r}", name)
     return value
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """-> how many alternatives per token to return with its logprob (0: the token's own only), or None: none.
+    Completions: `logprobs` 0..5 (the legacy API's limit); chat: `logprobs` true, `top_logprobs` 0..20."""
+    if kind == "completion":
+        return _integer(body, "logprobs", 0, 5)
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if not _bool(body, "logprobs"):
+        if top:
+            raise invalid("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return None
+    return top or 0
 
 
 def _check_parameters(body: dict, kind: str) -> None:
@@ -267,7 +279,7 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
                    top_p=_number(body, "top_p", 0, 1, 1.0, lo_open=True),
                    seed=_integer(body, "seed", 0, 2**63 - 1), stop=_stops(body),
                    top_k=_integer(body, "top_k", 0) or 0, ignore_eos=_bool(body, "ignore_eos"),
-                   **_speculation(body, limits))
+                   logprobs=_logprobs(body, kind), **_speculation(body, limits))
     if options["policy"] == "target":
         options["drafter"] = "model"            # the runtime runs the target alone; no drafter to check
     prompt_ids = _chat_ids(body, gen, limits) if kind == "chat" else _prompt_ids(body, gen)
@@ -318,28 +330,30 @@ def _prefix(req: ParsedRequest) -> str:
 
 
 def response(req: ParsedRequest, text: str, completion_tokens: int, cached_tokens: int, stop_reason: str,
-             spec: dict) -> dict:
+             spec: dict, logprobs: dict | None = None) -> dict:
+    """logprobs: the choice's block, already in the request kind's shape (serve/logprobs.py), or None."""
     if req.kind == "chat":
         choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                  "finish_reason": finish_reason(stop_reason), "logprobs": None}
+                  "finish_reason": finish_reason(stop_reason), "logprobs": logprobs}
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason(stop_reason), "logprobs": None}
+        choice = {"index": 0, "text": text, "finish_reason": finish_reason(stop_reason), "logprobs": logprobs}
         obj = "text_completion"
     return {"id": _prefix(req), "object": obj, "created": req.created, "model": req.model, "choices": [choice],
             "usage": usage(len(req.prompt_ids), completion_tokens, cached_tokens), "speculation": spec}
 
 
-def chunk(req: ParsedRequest, text: str | None, finish: str | None = None, first: bool = False) -> dict:
-    """A streamed chunk carrying text (or, with finish, the finish reason)."""
+def chunk(req: ParsedRequest, text: str | None, finish: str | None = None, first: bool = False,
+          logprobs: dict | None = None) -> dict:
+    """A streamed chunk carrying text and its tokens' logprobs block (or, with finish, the finish reason)."""
     if req.kind == "chat":
         delta = {} if finish else {"content": text}
         if first:
             delta = {"role": "assistant", "content": text or ""}
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
         obj = "text_completion"
     out = {"id": _prefix(req), "object": obj, "created": req.created, "model": req.model, "choices": [choice]}
     if req.include_usage:

@@ -118,7 +118,7 @@ class BuildArgs(BaseModel):
     backend: str = "cpu"
     target_rows: str = "auto"
     cuda_graphs: bool = True
-    prompt_cache: bool = True
+    prompt_cache: bool | None = None
     log_level: str = "info"
 
     @model_validator(mode="after")

@@ -95,9 +95,9 @@ def serve_forever(gen, limits: Limits, sock: socket.socket, api_key: str | None 
     # that we get to close the generator and exit normally
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        log.info("serving %s on http://%s:%d/v1 (max batch %d, default policy %s, drain timeout %gs%s)",
-                 limits.model, _url_host(host), port, gen.max_batch, limits.policy, drain_timeout,
-                 ", API key required" if api_key else "")
+        log.info("serving %s on http://%s:%d/v1 (max batch %d, default policy %s, prompt cache %s, drain timeout "
+                 "%gs%s)", limits.model, _url_host(host), port, gen.max_batch, limits.policy,
+                 "on" if gen.prompt_cache else "off", drain_timeout, ", API key required" if api_key else "")
         server.run(sockets=[sock])
     finally:
         for sig, handler in previous.items():

@@ -1,0 +1,111 @@
+"""The prompt cache: free KV slots keep the text of the sequences that left them, and a joining sequence whose
+prompt starts with such a text takes that prefix's K/V instead of prefilling it.
+
+Exact where a token's K/V does not depend on the call that computed it (a prefill chunk, a verify call of any
+width, a single step, beside any other rows): what speculation and batching already rely on, and what the
+generator checks before it turns the cache on (generator.py). The reused K/V is then, byte for byte, what
+prefilling the same tokens would write.
+
+Invariant: `held[j]` names tokens whose K/V slot j holds, or is None. A slot is forgotten (None) before anything
+is copied into it, and recorded only once the copy is complete, so an error or Ctrl+C part-way through a copy
+loses a text but never leaves a false one. Running slots hold nothing here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from specedge.runtime.sequences import HeldText, Sequence
+
+
+class PromptCache:
+    def __init__(self, models, max_batch: int, enabled: bool):
+        self.m, self.enabled = models, enabled
+        self.held: list[HeldText | None] = [None] * max_batch
+        self._clock = 0                                   # stamps texts: the least recently used goes first
+
+    def clear(self) -> None:
+        self.held = [None] * len(self.held)
+
+    # -- sequences joining --------------------------------------------------------------------------
+    def start(self, joining: list[Sequence], free_from: int) -> None:
+        """Sequences just given slots (every slot from `free_from` on is free): each starts from the longest start
+        of its prompt that its own slot or a free slot holds. A finished text in its own slot that the prompt does
+        not contain whole is first copied to the free slot of least worth."""
+        own = {id(s): self._forget(s.slot) for s in joining}
+        if not self.enabled:
+            return
+        free = range(free_from, len(self.held))
+        for s in joining:
+            mine = own[id(s)]
+            limit = len(s.prompt_ids) - 1                 # the last prompt token is fed: its logits give a token
+            sources = [(mine, s.slot)] + [(self.held[j], j) for j in free]
+            length, text, slot = max(((t.common_prefix(s.prompt_ids, limit), t, j) for t, j in sources if t),
+                                     key=lambda c: c[0], default=(0, None, None))   # max: the first of equals
+            if mine is not None and mine.finished and mine.common_prefix(s.prompt_ids, len(mine.tokens)) < len(
+                    mine.tokens):                          # s would overwrite part of it
+                self._keep_elsewhere(mine, s.slot, [j for j in free if j != slot])
+            if not length:
+                continue
+            drafted = min(length, text.draft_len)
+            if slot != s.slot:                            # the prefix comes from another slot, which keeps it
+                self._copy(slot, s.slot, length, drafted)
+                self.held[slot] = replace(text, stamp=self._tick())
+            s.prefilled = s.tgt_pos = length
+            s.dft_pos = drafted if self.m.draft is not None else 0
+            s.stats.cached_prompt_tokens = length
+
+    # -- sequences leaving, and compaction ------------------------------------------------------------
+    def leave(self, leaving: list[Sequence], spare: list[int], keep: int) -> None:
+        """Records the texts of sequences that ended well (a failed call may have left its K/V half-written). A text
+        in a slot below `keep` (compaction will fill it) is copied first into the spare slot of least worth; `spare`:
+        the slots from `keep` on that no kept sequence occupies."""
+        if not self.enabled:
+            return
+        for seq in sorted(leaving, key=lambda s: s.slot < keep):      # texts that stay where they are first
+            text = HeldText.of(seq, finished=True, stamp=self._tick())
+            if text is None:
+                continue
+            if seq.slot < keep:
+                self._keep_elsewhere(text, seq.slot, spare)
+            else:
+                self.held[seq.slot] = text
+
+    def move(self, seq: Sequence, to: int) -> None:
+        """Compaction: seq's K/V into slot `to` (below it). The slot it leaves keeps a copy of its text so far,
+        worth less than a finished text (a request sharing its start, a system prompt, can still use it)."""
+        self._copy(seq.slot, to, seq.tgt_pos, seq.dft_pos)
+        if self.enabled:
+            self.held[seq.slot] = HeldText.of(seq, finished=False, stamp=self._tick())
+
+    def running(self, n: int) -> None:
+        """Slots 0 .. n - 1 are running: they hold nothing here."""
+        for j in range(n):
+            self.held[j] = None
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _forget(self, slot: int) -> HeldText | None:
+        text, self.held[slot] = self.held[slot], None
+        return text
+
+    def _copy(self, src: int, dst: int, length: int, draft_length: int) -> None:
+        self.held[dst] = None                             # never recorded while a copy into it is unfinished
+        if length:
+            self.m.target.move_slot(src, dst, length)
+        if self.m.draft is not None and draft_length:
+            self.m.draft.move_slot(src, dst, draft_length)
+
+    def _keep_elsewhere(self, text: HeldText, slot: int, spare) -> None:
+        """Copies the text in `slot` (about to be overwritten) into the spare slot of least worth (one holding
+        nothing, then a moving sequence's leftover, then the least recently used), if that is worth less."""
+        def worth(j: int):
+            return (False, -1) if self.held[j] is None else self.held[j].worth      # nothing: least of all
+
+        to = min(spare, key=worth, default=None)
+        if to is not None and worth(to) < text.worth:
+            self._copy(slot, to, len(text.tokens), text.draft_len)
+            self.held[to] = text

@@ -1,0 +1,150 @@
+"""Logprobs: each generated token's log probability under the target (and its likeliest rivals), the same with
+and without speculation, alone or in a batch, and in OpenAI's shapes from the server."""
+
+import math
+
+import numpy as np
+import openai
+import pytest
+
+from conftest import together
+from serve_helpers import MODEL, running, serve_bundle
+from specedge.errors import OptionError
+from specedge.runtime import load
+from specedge.runtime.backends.base import SlotCursor
+
+PROMPT = "def fib(n):"
+OPTIONS = dict(max_new_tokens=24, ignore_eos=True, logprobs=3)
+
+
+def _reference(gen, prompt_ids: list[int], tokens: list[int]) -> np.ndarray:
+    """The target's log-softmax rows for each generated token, fed one call at a time in a fresh slot."""
+    cursor = SlotCursor(gen.target, slot=gen.max_batch - 1)
+    rows = [cursor.feed(prompt_ids, last=1)[-1].copy()]          # the backend reuses its output buffer
+    for token in tokens[:-1]:
+        rows.append(cursor.feed([token], last=1)[-1].copy())
+    x = np.asarray(rows, dtype=np.float64)
+    return x - (x.max(axis=1, keepdims=True) + np.log(np.exp(x - x.max(axis=1, keepdims=True)).sum(axis=1,
+                                                                                                   keepdims=True)))
+
+
+@pytest.fixture(scope="module")
+def bundle(workdir):
+    return serve_bundle(workdir)
+
+
+def test_speculation_leaves_logprobs_unchanged(bundle):
+    gen = load(bundle, prompt_cache=False)
+    alone = gen.generate(PROMPT, **OPTIONS, use_draft=False)
+    drafted = gen.generate(PROMPT, **OPTIONS, k=4)
+    assert drafted.stats.n_accepted > 0
+    assert drafted.tokens == alone.tokens and drafted.logprobs == alone.logprobs      # bit for bit
+    assert [e.token for e in drafted.logprobs] == drafted.tokens
+    gen.close()
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "top_p": 0.9, "seed": 4}], ids=["greedy", "sampled"])
+def test_logprobs_are_the_target_s_log_softmax(bundle, sampling):
+    gen = load(bundle, max_batch=2, prompt_cache=False)
+    prompt_ids = gen.encode(PROMPT)
+    result = gen.generate_ids(prompt_ids, **OPTIONS, **sampling, k=3)
+    expected = _reference(gen, prompt_ids, result.tokens)
+    for entry, row in zip(result.logprobs, expected):
+        assert math.isclose(entry.logprob, row[entry.token], rel_tol=0, abs_tol=1e-9)
+        assert [t for t, _ in entry.top] == sorted(range(row.size), key=lambda i: (-row[i], i))[:3]
+        assert all(math.isclose(lp, row[t], abs_tol=1e-9) for t, lp in entry.top)
+    if not sampling:                                       # greedy: the chosen token is the likeliest
+        assert all(e.token == e.top[0][0] for e in result.logprobs)
+    assert len(result.logprobs) == len(result.tokens)
+    gen.close()
+
+
+def test_logprobs_in_a_batch_equal_their_solo_runs(bundle):
+    gen = load(bundle, max_batch=3, prompt_cache=False)
+    requests = [(PROMPT, dict(OPTIONS, k=2)), ("class A:\n", dict(OPTIONS, logprobs=None)),
+                ("import os\n", dict(OPTIONS, logprobs=0, temperature=0.7, seed=1))]
+    solo = [gen.generate(p, **o) for p, o in requests]
+    batched = together(gen, requests)
+    assert [r.logprobs for r in batched] == [r.logprobs for r in solo]
+    assert batched[1].logprobs is None and all(e.top == () for e in batched[2].logprobs)
+    gen.close()
+
+
+def test_logprobs_stop_where_the_tokens_stop(bundle):
+    gen = load(bundle)
+    result = gen.generate(PROMPT, max_new_tokens=7, logprobs=1, k=4)
+    assert len(result.logprobs) == len(result.tokens) == 7
+    assert "logprobs" in result.to_json() and len(result.to_json()["logprobs"]) == 7
+    gen.close()
+
+
+@pytest.mark.parametrize("value", [-1, 21, "3", 2.0, True])
+def test_bad_logprobs_are_option_errors(bundle, value):
+    gen = load(bundle)
+    with pytest.raises(OptionError, match="logprobs"):
+        gen.generate(PROMPT, logprobs=value)
+    gen.close()
+
+
+def test_token_bytes_are_the_bytes_the_tokens_stand_for(bundle):
+    from specedge.serve.logprobs import TokenText
+
+    gen = load(bundle)
+    texts = TokenText(gen.tokenizer)
+    for text in ("def fib(n):", "héllo wörld €5", "日本"):
+        ids = gen.tokenizer.encode(text, add_special_tokens=False).ids
+        assert b"".join(bytes(texts(i)[1]) for i in ids) == text.encode("utf-8")
+    special = gen.tokenizer.token_to_id("<|im_end|>")
+    assert texts(special) == ("<|im_end|>", list(b"<|im_end|>"))
+    gen.close()
+
+
+# -- the server ----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server(bundle):
+    with running(bundle, max_batch=2) as (srv, gen):
+        yield srv, gen
+
+
+def _client(srv):
+    return openai.OpenAI(base_url=srv.url, api_key="-", max_retries=0)
+
+
+def test_completion_logprobs_in_the_legacy_shape(server):
+    srv, gen = server
+    c = _client(srv)
+    common = dict(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, logprobs=2, extra_body={"ignore_eos": True})
+    out = c.completions.create(**common)
+    block = out.choices[0].logprobs
+    expected = gen.generate(PROMPT, max_new_tokens=12, ignore_eos=True, logprobs=2, use_draft=False)
+    assert block.token_logprobs == [e.logprob for e in expected.logprobs]
+    assert block.tokens == [gen.decode([e.token]) for e in expected.logprobs]
+    # the likeliest alternatives by text (two ids decoding alike keep the likelier); greedy: the token's own on top
+    assert all(1 <= len(top) <= 2 and max(top.values()) == lp for top, lp in zip(block.top_logprobs,
+                                                                                 block.token_logprobs))
+    assert block.text_offset == [sum(len(t) for t in block.tokens[:i]) for i in range(12)]
+    chunks = list(c.completions.create(**common, stream=True))
+    streamed = [lp for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for lp in ch.choices[0].logprobs.token_logprobs]
+    offsets = [o for ch in chunks if ch.choices and ch.choices[0].logprobs for o in ch.choices[0].logprobs.text_offset]
+    assert streamed == block.token_logprobs and offsets == block.text_offset
+
+
+def test_chat_logprobs_in_openai_s_shape(server):
+    srv, gen = server
+    c = _client(srv)
+    common = dict(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=10, temperature=0,
+                  logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+    out = c.chat.completions.create(**common)
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens == 10
+    expected = gen.generate("hi", chat=True, max_new_tokens=10, ignore_eos=True, logprobs=3, use_draft=False)
+    for entry, e in zip(content, expected.logprobs):
+        assert entry.logprob == e.logprob and entry.token == gen.decode([e.token])
+        assert len(entry.bytes) == 1                        # every token of this vocabulary is one byte
+        assert [t.logprob for t in entry.top_logprobs] == [lp for _, lp in e.top]
+    streamed = [e for ch in c.chat.completions.create(**common, stream=True) if ch.choices and ch.choices[0].logprobs
+                for e in ch.choices[0].logprobs.content]
+    assert [e.logprob for e in streamed] == [e.logprob for e in content]
+    plain = c.chat.completions.create(**{**common, "logprobs": None, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None

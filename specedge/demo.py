@@ -94,6 +94,7 @@ def demo(models, bundles, max_new_tokens, repeat):
                f"(others: {others} tok/s); {tps / base:.2f}x its own target alone")
     click.echo(f"== 4. generate with it ({folders[folder]})")
     gen = load(folders[folder])
+    completions = []
     for row in PROMPTS:
         click.echo(f"--- prompt: {row['prompt'].splitlines()[0]!r}")
         stream = gen.stream(row["prompt"], max_new_tokens=max_new_tokens, policy=config)
@@ -101,10 +102,37 @@ def demo(models, bundles, max_new_tokens, repeat):
         for piece in stream:
             click.echo(piece, nl=False)
         s = stream.result.stats
+        completions.append(row["prompt"] + stream.result.text)
         click.echo(f"\n    {s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s, mean accepted length "
                    f"{s.mean_accepted_length:.2f}, acceptance per position "
                    + (" ".join(f"{a:.2f}" for a in s.acceptance_per_position) or "-"))
+    if gen.chat_template:
+        click.echo("== 5. a conversation about that code: each turn sends the whole history, and the prompt cache "
+                   "prefills only what is new")
+        _conversation(gen, completions[0], dict(max_new_tokens=max_new_tokens, policy=config))
     click.echo(f"peak RSS {peak_rss_bytes() / 2**30:.1f} GiB")
+
+
+def _conversation(gen, code: str, options: dict) -> None:
+    """Two chat turns, each streamed, then how much of its prompt came from the cache and when its text began."""
+    import time
+
+    messages = [{"role": "user", "content": f"Here is some code:\n```python\n{code}\n```\nWhat does it do? One "
+                                            "sentence."}]
+    for follow_up in (None, "Suggest one improvement, in one sentence."):
+        if follow_up:
+            messages += [{"role": "user", "content": follow_up}]
+        click.echo(f"--- user: {messages[-1]['content'].splitlines()[-1]}")
+        t, first = time.perf_counter(), None
+        stream = gen.stream_chat(messages, **options)
+        for piece in stream:
+            if piece and first is None:
+                first = time.perf_counter() - t
+            click.echo(piece, nl=False)
+        s = stream.result.stats
+        click.echo(f"\n    prompt {s.prompt_tokens} tokens, {s.cached_prompt_tokens} of them from the cache; first "
+                   f"text after {first or 0:.2f} s; {s.tokens_per_s:.2f} tok/s")
+        messages.append({"role": "assistant", "content": stream.result.text})
 
 
 def main() -> int:

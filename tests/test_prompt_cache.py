@@ -434,3 +434,14 @@ def test_the_cache_is_on_only_where_it_is_exact(standard_bundles, monkeypatch):
     assert load(standard_bundles["qwen2"], target_rows=1).prompt_cache is False
     with pytest.raises(OptionError, match="target_rows=1"):
         load(standard_bundles["qwen2"], target_rows=1, prompt_cache=True)
+
+
+def test_the_demo_s_conversation_takes_its_second_turn_from_the_cache(chat_bundle, capsys):
+    from specedge.demo import _conversation
+
+    gen = load(chat_bundle)
+    _conversation(gen, "def f(x):\n    return x + 1\n", dict(max_new_tokens=8, k=2))
+    lines = [line for line in capsys.readouterr().out.splitlines() if "of them from the cache" in line]
+    cached = [int(line.split(" tokens, ")[1].split(" of them")[0]) for line in lines]
+    assert len(cached) == 2 and cached[0] == 0 and cached[1] > 50
+    gen.close()

@@ -12,6 +12,7 @@ from serve_helpers import MODEL, running, serve_bundle
 from specedge.errors import OptionError
 from specedge.runtime import load
 from specedge.runtime.backends.base import SlotCursor
+from specedge.serve.logprobs import TokenText, completion_logprobs
 
 PROMPT = "def fib(n):"
 OPTIONS = dict(max_new_tokens=24, ignore_eos=True, logprobs=3)
@@ -99,6 +100,36 @@ def test_token_bytes_are_the_bytes_the_tokens_stand_for(bundle):
     gen.close()
 
 
+def test_text_offsets_index_the_text_across_split_characters_and_special_tokens(bundle):
+    from specedge.runtime.logprobs import TokenLogprob
+    from specedge.serve.logprobs import TextOffsets, TokenText
+
+    gen = load(bundle)
+    texts = TokenText(gen.tokenizer)
+    end = gen.tokenizer.token_to_id("<|im_end|>")
+    ids = gen.tokenizer.encode("x = 𝔘 + é", add_special_tokens=False).ids
+    ids = ids[:4] + [end] + ids[4:]                         # a special token, left out of the text, mid-way
+    text = gen.tokenizer.decode(ids, skip_special_tokens=True)
+    block = completion_logprobs([TokenLogprob(i, -1.0) for i in ids], TextOffsets(texts))
+    assert text == "x = 𝔘 + é"
+    assert block["text_offset"] == [0, 1, 2, 3, 4, 4, 4, 4, 4, 5, 6, 7, 8, 8]
+    assert block["tokens"][5:9] == ["bytes:\\xf0", "bytes:\\x9d", "bytes:\\x94", "bytes:\\x98"] and block["tokens"][4] == "<|im_end|>"
+    assert [list(top) for top in block["top_logprobs"]] == [[t] for t in block["tokens"]]
+    gen.close()
+
+
+def test_a_stop_string_ends_the_tokens_where_it_ends_whatever_a_step_committed(bundle):
+    gen = load(bundle, prompt_cache=False)
+    free = gen.generate(PROMPT, max_new_tokens=30, ignore_eos=True, use_draft=False)
+    stop = free.text[5:7]                                   # a stop string the greedy text reaches
+    alone = gen.generate(PROMPT, max_new_tokens=30, ignore_eos=True, use_draft=False, stop=stop, logprobs=0)
+    drafted = gen.generate(PROMPT, max_new_tokens=30, ignore_eos=True, k=6, stop=stop, logprobs=0)
+    assert alone.stats.stop_reason == drafted.stats.stop_reason == "stop_string" and stop not in drafted.text
+    assert drafted.tokens == alone.tokens and drafted.logprobs == alone.logprobs and drafted.text == alone.text
+    assert len(alone.tokens) < 30 and drafted.stats.new_tokens == len(drafted.tokens)
+    gen.close()
+
+
 # -- the server ----------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(bundle):
@@ -118,11 +149,15 @@ def test_completion_logprobs_in_the_legacy_shape(server):
     block = out.choices[0].logprobs
     expected = gen.generate(PROMPT, max_new_tokens=12, ignore_eos=True, logprobs=2, use_draft=False)
     assert block.token_logprobs == [e.logprob for e in expected.logprobs]
-    assert block.tokens == [gen.decode([e.token]) for e in expected.logprobs]
-    # the likeliest alternatives by text (two ids decoding alike keep the likelier); greedy: the token's own on top
-    assert all(1 <= len(top) <= 2 and max(top.values()) == lp for top, lp in zip(block.top_logprobs,
-                                                                                 block.token_logprobs))
-    assert block.text_offset == [sum(len(t) for t in block.tokens[:i]) for i in range(12)]
+    texts = TokenText(gen.tokenizer)
+    assert block.tokens == [texts(e.token)[0] for e in expected.logprobs]
+    # the alternatives asked for and the chosen token (greedy: it is the likeliest of them)
+    for top, token, lp in zip(block.top_logprobs, block.tokens, block.token_logprobs):
+        assert 1 <= len(top) <= 3 and top[token] == lp == max(top.values())
+    text = out.choices[0].text
+    for token, at in zip(block.tokens, block.text_offset):
+        if not token.startswith("bytes:"):
+            assert text[at: at + len(token)] == token
     chunks = list(c.completions.create(**common, stream=True))
     streamed = [lp for ch in chunks if ch.choices and ch.choices[0].logprobs
                 for lp in ch.choices[0].logprobs.token_logprobs]
@@ -140,8 +175,9 @@ def test_chat_logprobs_in_openai_s_shape(server):
     assert len(content) == out.usage.completion_tokens == 10
     expected = gen.generate("hi", chat=True, max_new_tokens=10, ignore_eos=True, logprobs=3, use_draft=False)
     for entry, e in zip(content, expected.logprobs):
-        assert entry.logprob == e.logprob and entry.token == gen.decode([e.token])
+        assert entry.logprob == e.logprob
         assert len(entry.bytes) == 1                        # every token of this vocabulary is one byte
+        assert entry.token == (bytes(entry.bytes).decode() if entry.bytes[0] < 128 else f"bytes:\\x{entry.bytes[0]:02x}")
         assert [t.logprob for t in entry.top_logprobs] == [lp for _, lp in e.top]
     streamed = [e for ch in c.chat.completions.create(**common, stream=True) if ch.choices and ch.choices[0].logprobs
                 for e in ch.choices[0].logprobs.content]

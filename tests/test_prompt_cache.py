@@ -445,3 +445,26 @@ def test_the_demo_s_conversation_takes_its_second_turn_from_the_cache(chat_bundl
     cached = [int(line.split(" tokens, ")[1].split(" of them")[0]) for line in lines]
     assert len(cached) == 2 and cached[0] == 0 and cached[1] > 50
     gen.close()
+
+
+def test_several_clients_next_turns_at_once_each_reuse_their_own_conversation(standard_bundles):
+    """Three conversations run at once (their texts end up in different slots as they finish and the others move
+    down); their next turns arrive together in another order, and each takes its own conversation from the cache
+    (in place where its text is in a joining slot, copied from a free slot otherwise), exactly."""
+    gen = load(standard_bundles["qwen2"], max_batch=4)
+    checker = HeldChecker(gen)
+    _, MORE, _ = _ids(gen)
+    prompts = ["def fib(n):\n", "class Stack:\n    ", "import os\nimport sys\n"]
+    lengths = [20, 12, 28]                                  # they finish at different steps
+    first = together(gen, [(p, dict(GREEDY, max_new_tokens=n)) for p, n in zip(prompts, lengths)])
+    follow_ups = [gen.encode(p) + r.tokens + MORE for p, r in zip(prompts, first)]
+    with gen.scheduler.wake:
+        streams = [gen.stream_ids(follow_ups[i], **GREEDY) for i in (2, 0, 1)]
+    results = {i: s.wait() for i, s in zip((2, 0, 1), streams)}
+    for i, r in results.items():
+        assert r.stats.cached_prompt_tokens == len(gen.encode(prompts[i])) + lengths[i] - 1, i
+    assert checker.violations == []
+    for i, r in results.items():
+        gen.clear_prompt_cache()
+        assert gen.generate_ids(follow_ups[i], **GREEDY).tokens == r.tokens
+    gen.close()

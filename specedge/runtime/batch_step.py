@@ -166,7 +166,7 @@ def speculative_step(m: Models, rows: list[Sequence], span: list[Sequence]) -> t
     record.model_s += seconds
     record.verify_rows, record.verify_tokens = hi, hi * max(len(t) for t in tokens)
     # 3. accept: the target decides every token; 4. rewind: positions only, stale slots are scratch
-    committed = {}
+    committed, wanted = {}, []
     for s in rows:
         d, rows_out = drafts.get(id(s), []), out[s.slot]
         p = None
@@ -193,9 +193,13 @@ def speculative_step(m: Models, rows: list[Sequence], span: list[Sequence]) -> t
         s.stats.n_draft_calls += calls.get(id(s), 0)
         record.k.append(len(d))
         record.accepted.append(n)
-        new = d[:n] + [token]
-        committed[id(s)] = (new, None if s.opts.logprobs is None else token_logprobs(rows_out, new, s.opts.logprobs))
+        committed[id(s)] = (d[:n] + [token], None)
+        if s.opts.logprobs is not None:
+            wanted.append((s, rows_out))
     record.verify_s = time.perf_counter() - t1
+    for s, logits in wanted:        # after the timing, which the policies weigh (logits: the target's output, valid
+        new = committed[id(s)][0]       # until its next call)
+        committed[id(s)] = (new, token_logprobs(logits, new, s.opts.logprobs))
     for s in rows:
         s.stats.draft_s += record.draft_s
         s.stats.verify_s += record.verify_s

@@ -29,31 +29,55 @@ class PromptCache:
 
     # -- sequences joining --------------------------------------------------------------------------
     def start(self, joining: list[Sequence], free_from: int) -> None:
-        """Sequences just given slots (every slot from `free_from` on is free): each starts from the longest start
-        of its prompt that its own slot or a free slot holds. A finished text in its own slot that the prompt does
-        not contain whole is first copied to the free slot of least worth."""
-        own = {id(s): self._forget(s.slot) for s in joining}
+        """Sequences just given the slots below `free_from` that no running sequence had (every slot from `free_from`
+        on is free). Among those slots each takes the one whose text it reuses most in place (several clients'
+        next turns at once: each its own conversation); a finished text its sequence would overwrite in part is
+        first kept in a free slot; then each starts from the longest start of its prompt that its slot or a free
+        slot holds (copied in from a free slot)."""
+        texts = {s.slot: self._forget(s.slot) for s in joining}
         if not self.enabled:
             return
-        free = range(free_from, len(self.held))
+        free = list(range(free_from, len(self.held)))
+        self._assign(joining, texts)
+        chosen = {}                                       # id(s) -> (length, text, slot): its longest reuse
         for s in joining:
-            mine = own[id(s)]
             limit = len(s.prompt_ids) - 1                 # the last prompt token is fed: its logits give a token
-            sources = [(mine, s.slot)] + [(self.held[j], j) for j in free]
-            length, text, slot = max(((t.common_prefix(s.prompt_ids, limit), t, j) for t, j in sources if t),
-                                     key=lambda c: c[0], default=(0, None, None))   # max: the first of equals
-            if mine is not None and mine.finished and mine.common_prefix(s.prompt_ids, len(mine.tokens)) < len(
-                    mine.tokens):                          # s would overwrite part of it
-                self._keep_elsewhere(mine, s.slot, [j for j in free if j != slot])
+            sources = [(texts[s.slot], s.slot)] + [(self.held[j], j) for j in free]
+            chosen[id(s)] = max(((t.common_prefix(s.prompt_ids, limit), t, j) for t, j in sources if t),
+                                key=lambda c: c[0], default=(0, None, None))   # max: the first of equals
+        sources = {slot for _, _, slot in chosen.values()}
+        for s in joining:
+            text = texts[s.slot]
+            if text is not None and text.finished and text.common_prefix(s.prompt_ids, len(text.tokens)) < len(
+                    text.tokens):                         # s would overwrite part of it: keep it, not over a source
+                self._keep_elsewhere(text, s.slot, [j for j in free if j not in sources])
+        for s in joining:
+            length, text, slot = chosen[id(s)]
             if not length:
                 continue
             drafted = min(length, text.draft_len)
-            if slot != s.slot:                            # the prefix comes from another slot, which keeps it
+            if slot != s.slot:                            # the prefix comes from a free slot, which keeps it
                 self._copy(slot, s.slot, length, drafted)
                 self.held[slot] = replace(text, stamp=self._tick())
             s.prefilled = s.tgt_pos = length
             s.dft_pos = drafted if self.m.draft is not None else 0
             s.stats.cached_prompt_tokens = length
+
+    @staticmethod
+    def _assign(joining: list[Sequence], texts: dict) -> None:
+        """Permutes the joining sequences' slots so that the longest in-place reuses come first (greedy)."""
+        if len(joining) < 2:
+            return
+        pairs = sorted(((t.common_prefix(s.prompt_ids, len(s.prompt_ids) - 1), -j, i)
+                        for i, s in enumerate(joining) for j, t in texts.items() if t is not None), reverse=True)
+        slot_of, taken = {}, set()
+        for length, j, i in pairs:
+            if length and i not in slot_of and -j not in taken:
+                slot_of[i] = -j
+                taken.add(-j)
+        rest = iter(sorted(j for j in texts if j not in taken))
+        for i, s in enumerate(joining):
+            s.slot = slot_of[i] if i in slot_of else next(rest)
 
     # -- sequences leaving, and compaction ------------------------------------------------------------
     def leave(self, leaving: list[Sequence], spare: list[int], keep: int) -> None:

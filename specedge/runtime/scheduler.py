@@ -146,7 +146,10 @@ class Scheduler:
                 seq.slot = len(self.running)
                 self.running.append(seq)
                 admitted.append(seq)
-        self.cache.start(admitted, free_from=len(self.running))
+        self.cache.start(admitted, free_from=len(self.running))      # may permute the admitted ones' slots
+        if len(admitted) > 1:
+            with self.wake:
+                self.running.sort(key=lambda s: s.slot)                    # running[i].slot == i again
         self.counters["cached_prompt_tokens"] += sum(s.stats.cached_prompt_tokens for s in admitted)
 
     def clear_prompt_cache(self) -> None:
@@ -276,18 +279,24 @@ class Scheduler:
             s.k = min(k, caps[id(s)])
 
     def _commit(self, s: Sequence, new: list[int], logprobs: list | None = None) -> None:
-        """Appends a step's tokens (and their logprobs, when asked for): cut at max_new_tokens and eos, decode, stop
-        strings, hand them to the caller."""
+        """Appends a step's tokens (and their logprobs, when asked for): cut at max_new_tokens, eos and the token
+        that completes a stop string (so that the tokens do not depend on how many a step committed), decode, hand
+        them to the caller."""
         new = new[: s.opts.max_new_tokens - s.n_new]
         hit = next((i for i, t in enumerate(new) if t in s.eos_ids), None)
         if hit is not None:
             new = new[: hit + 1]
+        piece = ""
+        for i, token in enumerate(new):                 # one at a time: a stop string ends the tokens where it ends
+            piece += s.stops.push(s.decoder.push([token]))
+            if s.stops.stopped:
+                new = new[: i + 1]
+                break
         if logprobs is not None:
             logprobs = logprobs[: len(new)]
             s.logprobs += logprobs
         s.tokens += new
         s.n_new += len(new)
-        piece = s.stops.push(s.decoder.push(new))
         reason = None
         if s.stops.stopped:
             reason = "stop_string"

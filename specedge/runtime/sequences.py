@@ -70,7 +70,8 @@ class HeldText:
         """What seq's slot holds (None: nothing yet)."""
         if not seq.tgt_pos:
             return None
-        return cls(np.asarray(seq.tokens[: seq.tgt_pos], dtype=np.int64), seq.dft_pos, finished, stamp)
+        tokens = np.asarray(seq.tokens[: seq.tgt_pos], dtype=np.int64)     # fewer when a stop string cut a step
+        return cls(tokens, min(seq.dft_pos, len(tokens)), finished, stamp)
 
     @property
     def worth(self) -> tuple[bool, int]:

@@ -29,7 +29,7 @@ from specedge.runtime.stats import GenerationStats
 from specedge.serve import protocol
 from specedge.serve.bridge import Bridge, RequestTimeout
 from specedge.serve.errors import APIError, invalid
-from specedge.serve.logprobs import TokenText, chat_logprobs, completion_logprobs
+from specedge.serve.logprobs import TextOffsets, TokenText, chat_logprobs, completion_logprobs
 from specedge.serve.metrics import Metrics
 from specedge.serve.protocol import Limits
 from specedge.serve.rejections import RejectionLog
@@ -198,15 +198,16 @@ class Service:
         self._done(req, handle, stop, stats, started)
         self._log(request, req, handle, 200, stop, spec, started)
         return JSONResponse(protocol.response(req, handle.text, len(handle.tokens), stats.cached_prompt_tokens, stop,
-                                              spec, self._logprobs(req, handle.logprobs)))
+                                              spec, self._logprobs(req, handle.logprobs, TextOffsets(self.token_text))))
 
-    def _logprobs(self, req, entries: list, offset: int = 0) -> dict | None:
-        """The logprobs block of these tokens in the request kind's shape; None where none were asked for."""
+    def _logprobs(self, req, entries: list, offsets: TextOffsets) -> dict | None:
+        """The logprobs block of these tokens in the request kind's shape; None where none were asked for.
+        offsets: the response's text offsets so far (completions)."""
         if req.options.get("logprobs") is None:
             return None
         if req.kind == "chat":
             return chat_logprobs(entries, self.token_text)
-        return completion_logprobs(entries, self.token_text, offset)
+        return completion_logprobs(entries, offsets)
 
     async def _follow(self, handle, outcome: dict):
         """Yields a request's (text piece, its tokens' logprobs or None) as they come (a piece may be empty when
@@ -249,13 +250,10 @@ class Service:
         try:
             if req.kind == "chat":
                 yield _event(protocol.chunk(req, "", first=True))
-            offset = 0                                    # completions' text_offset: the text before the chunk
+            offsets = TextOffsets(self.token_text)       # completions' text_offset, carried from chunk to chunk
             try:
                 async for piece, logprobs in self._follow(handle, outcome):
-                    block = self._logprobs(req, logprobs or [], offset)
-                    if block is not None and req.kind == "completion":
-                        offset += sum(len(token) for token in block["tokens"])
-                    yield _event(protocol.chunk(req, piece, logprobs=block))
+                    yield _event(protocol.chunk(req, piece, logprobs=self._logprobs(req, logprobs or [], offsets)))
             except APIError as err:                       # headers are sent: an error event, then the end
                 status, stop = err.status, err.code or err.type
                 self.metrics.request_error(err.status)

@@ -1,13 +1,15 @@
 """Log probabilities in OpenAI's shapes: chat's `logprobs.content` entries ({token, logprob, bytes, top_logprobs})
 and completions' legacy block ({tokens, token_logprobs, top_logprobs, text_offset}).
 
-A token's text is the tokenizer's decoding of it alone (a piece of a multi-byte character decodes to U+FFFD);
-its `bytes` are the exact bytes it stands for, read from the vocabulary: byte-level BPE (GPT-2, Qwen, Llama 3)
-through the byte-to-character table, byte-fallback pieces `<0xNN>` as that byte, SentencePiece's `▁` as a space.
+A token's `bytes` are the exact bytes it stands for, read from the vocabulary: byte-level BPE (GPT-2, Qwen,
+Llama 3) through the byte-to-character table, byte-fallback pieces `<0xNN>` as that byte, SentencePiece's `▁` as a
+space; special and added tokens as their own text. Its `token` string is those bytes as UTF-8, or, where they are
+a piece of a multi-byte character, `bytes:` and their escapes (`bytes:\\xe2\\x82`), as OpenAI names them.
 """
 
 from __future__ import annotations
 
+import codecs
 import re
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -28,25 +30,31 @@ def _byte_level_decoder() -> dict[str, int]:
 
 
 class TokenText:
-    """Token id -> (text, bytes), cached."""
+    """Token id -> (token string, bytes), cached; and which tokens the response text leaves out (special ones)."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.byte_level = type(tokenizer.decoder).__name__ == "ByteLevel"
         self._bytes = _byte_level_decoder() if self.byte_level else {}
-        self._added = set(tokenizer.get_added_tokens_decoder())     # special and added tokens: their own text
+        added = tokenizer.get_added_tokens_decoder()
+        self._added = set(added)                                    # special and added tokens: their own text
+        self.special = {i for i, t in added.items() if t.special}   # not in the text (decoded skipping them)
         self._cache: dict[int, tuple[str, list[int]]] = {}
 
     def __call__(self, token: int) -> tuple[str, list[int]]:
         if token not in self._cache:
-            text = self.tokenizer.decode([token], skip_special_tokens=False)
-            self._cache[token] = (text, list(self._raw(token, text)))
+            raw = self._raw(token)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:                              # a piece of a character
+                text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+            self._cache[token] = (text, list(raw))
         return self._cache[token]
 
-    def _raw(self, token: int, text: str) -> bytes:
+    def _raw(self, token: int) -> bytes:
         piece = self.tokenizer.id_to_token(token)
         if piece is None:
-            return text.encode("utf-8")
+            return self.tokenizer.decode([token], skip_special_tokens=False).encode("utf-8")
         if token in self._added:
             return piece.encode("utf-8")
         single = _BYTE_PIECE.fullmatch(piece)
@@ -54,7 +62,38 @@ class TokenText:
             return bytes([int(single.group(1), 16)])
         if self.byte_level and all(c in self._bytes for c in piece):
             return bytes(self._bytes[c] for c in piece)
-        return piece.replace("▁", " ").encode("utf-8") if "▁" in piece else text.encode("utf-8")
+        return piece.replace("▁", " ").encode("utf-8")
+
+
+def _continues(pending: bytes, raw: bytes) -> bool:
+    """Whether raw's first bytes continue the unfinished UTF-8 character `pending` (complete it or not yet)."""
+    lead = pending[0]
+    size = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+    try:
+        codecs.getincrementaldecoder("utf-8")("strict").decode(pending + raw[: size - len(pending)])
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class TextOffsets:
+    """Completions' text_offset: where each token's text starts in the response text (from 0: no echo), counted
+    on the text itself, so a character split across tokens and a special token (left out of the text) do not
+    shift the tokens after them. One per response; a stream carries it from chunk to chunk."""
+
+    def __init__(self, texts: TokenText):
+        # as the text is decoded: invalid bytes become U+FFFD, an unfinished character waits for its other bytes
+        self.texts, self._decoder, self._length = texts, codecs.getincrementaldecoder("utf-8")("replace"), 0
+
+    def next(self, token: int) -> int:
+        if token in self.texts.special:
+            return self._length
+        raw, at = bytes(self.texts(token)[1]), self._length
+        pending = self._decoder.getstate()[0]           # the first bytes of a character still unfinished
+        if pending and not _continues(pending, raw):
+            at += 1                                     # they turn out invalid: one U+FFFD before this token
+        self._length += len(self._decoder.decode(raw))
+        return at
 
 
 def chat_logprobs(entries, texts: TokenText) -> dict:
@@ -67,19 +106,15 @@ def chat_logprobs(entries, texts: TokenText) -> dict:
     return {"content": content, "refusal": None}
 
 
-def completion_logprobs(entries, texts: TokenText, offset: int = 0) -> dict:
-    """-> a completion choice's legacy `logprobs` block; offset: the text's length before these tokens."""
-    tokens, offsets = [], []
-    for e in entries:
-        offsets.append(offset)
-        text = texts(e.token)[0]
-        tokens.append(text)
-        offset += len(text)
+def completion_logprobs(entries, offsets: TextOffsets) -> dict:
+    """-> a completion choice's legacy `logprobs` block. `top_logprobs`: per token, the alternatives asked for and
+    the chosen token itself (so up to n + 1 entries, as OpenAI's API); two ids with the same string keep the likelier."""
+    texts = offsets.texts
     top = []
     for e in entries:
         alternatives = {}
-        for t, lp in e.top:
-            alternatives.setdefault(texts(t)[0], lp)       # two ids may decode alike: the likelier one is kept
+        for t, lp in (*e.top, (e.token, e.logprob)):
+            alternatives.setdefault(texts(t)[0], lp)
         top.append(alternatives)
-    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": top if any(e.top for e in entries) else None, "text_offset": offsets}
+    return {"tokens": [texts(e.token)[0] for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": top, "text_offset": [offsets.next(e.token) for e in entries]}

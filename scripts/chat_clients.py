@@ -5,7 +5,7 @@ without it (two servers started one after the other on the same bundle), with th
 
 Client i's first turn shows it a different part of specedge/runtime/scheduler.py (--context-lines lines) and asks
 about it; later turns ask follow-ups, each sending the whole conversation. The clients run at once, turn by turn
-(all clients' turn t, then turn t + 1). Prints, per turn, the median time to first token over the clients with
+(all clients' turn t, then turn t + 1), after one warm-up request per server. Prints, per turn, the median time to first token over the clients with
 and without the cache, the cached prompt tokens the server reported, and whether every reply was identical
 (greedy). Needs the `serve` extra and `openai`.
 """
@@ -42,6 +42,7 @@ async def turn(client, messages: list[dict], max_tokens: int) -> dict:
 async def conversations(url: str, contexts: list[str], turns: int, max_tokens: int) -> list[list[dict]]:
     client = openai.AsyncOpenAI(base_url=url, api_key="-", max_retries=0, timeout=600)
     client.model_id = (await client.models.list()).data[0].id
+    await client.completions.create(model=client.model_id, prompt="warm up", max_tokens=4)     # first calls are slow
     histories = [[{"role": "user", "content": f"```python\n{c}```\n{QUESTIONS[0]}"}] for c in contexts]
     out = [[] for _ in contexts]
     for t in range(turns):
@@ -69,7 +70,7 @@ def main(argv: list[str]) -> None:
         keepends=True)
     contexts = ["".join(lines[i * args.context_lines: (i + 1) * args.context_lines]) for i in range(args.clients)]
     runs = {}
-    for cache in (True, False):
+    for cache in (False, True):
         extra = ["--prompt-cache"] if cache else []               # served() starts with --no-prompt-cache
         with served(args.bundle, args.max_batch, extra_args=extra) as (url, _):
             runs[cache] = asyncio.run(conversations(url, contexts, args.turns, args.max_tokens))

@@ -220,6 +220,7 @@ def _exactness_row(work: Path, backend: str, dtype: str, options: dict) -> dict:
         row["unpadded_rows_bitwise_equal"] = bundle_rows_bitwise_equal(
             bundle, read_manifest(bundle), backend=backend, width=0, **options)[0]
         row["cuda_graphs"] = getattr(gen.target, "cuda_graphs", None)
+        row["prompt_cache_exact"] = row.get("prompt_cache_exact", True) and _prompt_cache_exact(gen)
         gen.close()
     gen = load(_word_pair(work, dtype), backend=backend, backend_options=options, max_batch=3)
     counts = []
@@ -235,6 +236,26 @@ def _exactness_row(work: Path, backend: str, dtype: str, options: dict) -> dict:
     p_value = chi2_contingency([[c[i] for i in used] for c in counts])[1]
     row["lossless_chi2_p"], row["lossless_ok"] = float(p_value), bool(p_value > 1e-3)
     return row
+
+
+def _prompt_cache_exact(gen) -> bool:
+    """Whether the prompt cache would be exact on this backend (it is off on GPU backends until shown): forced on,
+    follow-ups of each prompt's answer (its K/V from decode calls at the fixed width, a fresh run's from prefill
+    chunks), alone and three at once, against the same requests after the cache is cleared."""
+    greedy = dict(max_new_tokens=24, ignore_eos=True, policy="fixed:3")
+    gen.scheduler.cache.enabled = True
+    follow_ups = [gen.encode(p) + gen.generate(p, **greedy).tokens + gen.encode(" and then") for p in PROMPTS]
+    cached = [gen.generate_ids(f, **greedy) for f in follow_ups]
+    with gen.scheduler.wake:
+        streams = [gen.stream_ids(f, **greedy) for f in follow_ups]
+    together = [s.wait() for s in streams]
+    fresh = []
+    for f in follow_ups:
+        gen.clear_prompt_cache()
+        fresh.append(gen.generate_ids(f, **greedy).tokens)
+    gen.scheduler.cache.enabled = False
+    used = sum(r.stats.cached_prompt_tokens for r in cached + together) > 0
+    return used and [r.tokens for r in cached] == fresh and [r.tokens for r in together] == fresh
 
 
 def placements(work: Path, out: Path) -> dict:

@@ -146,10 +146,12 @@ class Scheduler:
                 seq.slot = len(self.running)
                 self.running.append(seq)
                 admitted.append(seq)
-        self.cache.start(admitted, free_from=len(self.running))      # may permute the admitted ones' slots
-        if len(admitted) > 1:
-            with self.wake:
-                self.running.sort(key=lambda s: s.slot)                    # running[i].slot == i again
+        try:
+            self.cache.start(admitted, free_from=len(self.running))  # may permute the admitted ones' slots
+        finally:                                                       # (even if interrupted part-way)
+            if len(admitted) > 1:
+                with self.wake:
+                    self.running.sort(key=lambda s: s.slot)            # running[i].slot == i again
         self.counters["cached_prompt_tokens"] += sum(s.stats.cached_prompt_tokens for s in admitted)
 
     def clear_prompt_cache(self) -> None:

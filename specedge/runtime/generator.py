@@ -186,8 +186,8 @@ class Generator:
         return self.stream_ids(prompt_ids, **options).wait()
 
     def stream_chat(self, messages: list[dict], on_token=None, **options) -> Stream:
-        """The assistant's next turn in a conversation. Send the whole conversation each turn: the prompt cache
-        (load(..., prompt_cache=True), the default) prefills only what is new since the last turn."""
+        """The assistant's next turn in a conversation. Send the whole conversation each turn: the prompt cache (on
+        by default where it is exact) prefills only what is new since the last turn."""
         return self._submit(self.encode_messages(messages), self.options(**options), on_token)
 
     def chat(self, messages: list[dict], **options) -> GenerationResult:

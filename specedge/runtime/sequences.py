@@ -36,7 +36,7 @@ class GenerationOptions:
     stop: tuple[str, ...] = ()
     chat: bool = False
     ignore_eos: bool = False        # run to max_new_tokens (benchmarks, tests)
-    logprobs: int | None = None     # None: off; n >= 0: each generated token's logprob and its n likeliest rivals
+    logprobs: int | None = None     # None: off; n >= 0: each generated token's logprob, the n likeliest at its place
 
 
 @dataclass

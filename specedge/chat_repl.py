@@ -2,7 +2,8 @@
 prefills only the new turn, so a long conversation answers as fast as its first question.
 
 Commands at the prompt: /reset (a new conversation), /exit (or Ctrl+D, or Ctrl+C). Ctrl+C during a reply stops
-the reply and keeps what it said so far."""
+the reply and keeps what it said so far. A message spans several lines between two lines of three double quotes
+(pasted code), or where a line ends with a backslash."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import time
 
 import click
 
-HELP = "/reset starts a new conversation, /exit (or Ctrl+D) ends; Ctrl+C stops a reply"
+HELP = ('/reset starts a new conversation, /exit (or Ctrl+D) ends; Ctrl+C stops a reply; several lines: between two '
+        '""" lines, or end a line with \\')
+BLOCK = '"""'
 
 
 def turn_line(stats, first_token_s: float | None) -> str:
@@ -32,7 +35,7 @@ def run_chat(gen, system: str | None, options: dict, show_stats: bool = True, re
         click.echo(HELP, err=True)
     while True:
         try:
-            line = read()
+            line = read_message(read)
         except (EOFError, KeyboardInterrupt):
             click.echo(err=True)
             return
@@ -50,6 +53,28 @@ def run_chat(gen, system: str | None, options: dict, show_stats: bool = True, re
         messages.append({"role": "assistant", "content": reply.text})
         if show_stats:
             click.echo(turn_line(reply.stats, first_token_s), err=True)
+
+
+def read_message(read) -> str:
+    """One message: a line; the lines between two lines of three double quotes; a line ending with a backslash
+    and the next ones. EOF inside a message ends it there."""
+    first = read()
+    if first.strip() == BLOCK:
+        lines = []
+        try:
+            while (line := read()).strip() != BLOCK:
+                lines.append(line)
+        except EOFError:
+            pass
+        return "\n".join(lines)
+    lines = [first]
+    try:
+        while lines[-1].endswith("\\"):
+            lines[-1] = lines[-1][:-1]
+            lines.append(read())
+    except EOFError:
+        pass
+    return "\n".join(lines)
 
 
 def _reply(gen, messages: list[dict], options: dict):

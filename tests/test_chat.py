@@ -23,3 +23,26 @@ def test_render_matches_transformers(template):
 def test_template_errors_are_bundle_errors():
     with pytest.raises(BundleError, match="chat template failed: no system"):
         render_chat("{{ raise_exception('no system') }}", [], None, None)
+
+
+def _lines(*lines):
+    it = iter(lines)
+
+    def read():
+        try:
+            return next(it)
+        except StopIteration:
+            raise EOFError from None
+    return read
+
+
+def test_chat_messages_span_lines_between_triple_quotes_or_after_a_backslash():
+    from specedge.chat_repl import read_message
+
+    read = _lines('"""', "def f():", "", "    return 1", '"""', "first \\", "second", "alone", '"""', "unclosed")
+    assert read_message(read) == "def f():\n\n    return 1"           # pasted code, blank line and all
+    assert read_message(read) == "first \nsecond"
+    assert read_message(read) == "alone"
+    assert read_message(read) == "unclosed"                          # EOF ends an open block
+    with pytest.raises(EOFError):
+        read_message(read)

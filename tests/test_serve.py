@@ -60,8 +60,10 @@ def test_models_and_health(server):
     assert client(srv).models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client(srv).models.retrieve("gpt-4")
-    assert health(srv) == {"status": "ok", "model": MODEL, "running": 0, "waiting": 0, "max_batch": 4,
-                           "max_queue": 16}
+    state = health(srv)
+    cache = state.pop("prompt_cache")
+    assert state == {"status": "ok", "model": MODEL, "running": 0, "waiting": 0, "max_batch": 4, "max_queue": 16}
+    assert cache["on"] is True and cache["texts"] == gen.scheduler.cache.count()
 
 
 def test_completion_and_chat_match_the_runtime(server):
@@ -363,6 +365,7 @@ def test_metrics_equal_the_sum_of_the_responses(bundle):
         assert metric("generation_tokens_total") == sum(r.usage.completion_tokens for r in responses)
         assert metric("prompt_tokens_total") == sum(r.usage.prompt_tokens for r in responses)
         assert metric("prefix_cache_hits_total") == sum(r.usage.prompt_tokens_details.cached_tokens for r in responses)
+        assert metric("prompt_cache_texts") == gen.scheduler.cache.count() > 0
         assert metric("request_success_total", finished_reason="length") == len(responses)
         assert metric("e2e_request_latency_seconds_count") == metric("time_to_first_token_seconds_count") == 5
         assert metric("num_requests_running") == metric("num_requests_waiting") == 0

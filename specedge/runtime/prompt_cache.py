@@ -27,6 +27,10 @@ class PromptCache:
     def clear(self) -> None:
         self.held = [None] * len(self.held)
 
+    def count(self) -> int:
+        """Texts held now."""
+        return sum(text is not None for text in self.held)
+
     # -- sequences joining --------------------------------------------------------------------------
     def start(self, joining: list[Sequence], free_from: int) -> None:
         """Sequences just given the slots below `free_from` that no running sequence had (every slot from `free_from`

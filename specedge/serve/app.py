@@ -312,7 +312,8 @@ class Service:
     async def health(self, request: Request, started: float) -> Response:
         sched = self.gen.scheduler
         state = {"status": "ok", "model": self.limits.model, "running": len(sched.running),
-                 "waiting": len(sched.waiting), "max_batch": sched.max_batch, "max_queue": sched.max_queue}
+                 "waiting": len(sched.waiting), "max_batch": sched.max_batch, "max_queue": sched.max_queue,
+                 "prompt_cache": {"on": sched.cache.enabled, "texts": sched.cache.count()}}
         if self.replica is not None:
             state["replica"] = self.replica
         return JSONResponse(state)

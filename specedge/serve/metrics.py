@@ -74,6 +74,8 @@ class Metrics:
             running = Gauge(P + "num_requests_running", "Requests holding a KV slot.", registry=r)
             waiting = Gauge(P + "num_requests_waiting", "Requests queued for a slot.", registry=r)
             slots = Gauge(P + "kv_slots", "KV slots (--max-batch).", registry=r)
+            texts = Gauge(P + "prompt_cache_texts", "Texts free KV slots hold for the prompt cache.", registry=r)
+            texts.set_function(scheduler.cache.count)
             running.set_function(lambda: len(scheduler.running))
             waiting.set_function(lambda: len(scheduler.waiting))
             slots.set(scheduler.max_batch)

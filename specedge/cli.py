@@ -94,6 +94,8 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
 @click.argument("bundle", type=click.Path())
 @click.option("--prompt", required=True, help="Prompt text ('-' reads it from stdin).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the bundle's chat template.")
+@click.option("--suffix", default=None,
+              help="Fill in the middle: the code after the gap; the model writes what goes between prompt and suffix.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=POSITIVE)
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0), help="0 = greedy.")
 @click.option("--top-k", default=0, show_default=True, type=NON_NEGATIVE, help="0 = off.")
@@ -116,7 +118,7 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
               help="Print one JSON object: text, tokens, prompt_tokens, stats (and logprobs with --logprobs).")
 @click.option("--logprobs", default=None, type=click.IntRange(0, 20),
               help="With --json: each generated token's logprob under the target and the N likeliest tokens there.")
-def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, seed, k, no_draft, policy, drafter,
+def generate(bundle, prompt, chat, suffix, max_new_tokens, temperature, top_k, top_p, seed, k, no_draft, policy, drafter,
              stop, ignore_eos, threads, backend, device_id, cuda_graphs, target_rows, as_json, logprobs):
     """Generate a completion, streaming it, then print the stats."""
     from specedge.runtime import load
@@ -139,10 +141,10 @@ def generate(bundle, prompt, chat, max_new_tokens, temperature, top_k, top_p, se
     if no_draft or asked("k") != click.core.ParameterSource.DEFAULT:
         options["k"] = 0 if no_draft else k          # else the runtime's default, capped by the bundle's max_draft
     if as_json:
-        result = gen.generate(prompt, **options)
+        result = gen.generate(prompt, suffix=suffix, **options)
         click.echo(json.dumps(result.to_json(gen.decode), ensure_ascii=False))
         return
-    stream = gen.stream(prompt, **options)
+    stream = gen.stream(prompt, suffix=suffix, **options)
     for piece in stream:
         click.echo(piece, nl=False)
     click.echo()

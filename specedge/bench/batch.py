@@ -59,7 +59,7 @@ def run_together(gen, prompts: list[dict], batch: int, options: dict, seed: int 
         streams = []
         for j in range(first, first + batch):
             row = prompts[j % len(prompts)]
-            streams.append(gen.stream(row["prompt"], chat=row.get("chat", False), **options,
+            streams.append(gen.stream(row["prompt"], chat=row.get("chat", False), suffix=row.get("suffix"), **options,
                                       seed=None if seed is None else seed + j))
     results = [s.wait() for s in streams]
     return results, time.perf_counter() - t

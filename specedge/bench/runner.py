@@ -42,7 +42,9 @@ def load_prompts(path: str | None) -> list[dict]:
             raise OptionError(f"--prompts {path}:{n}: each line needs a string field 'prompt'")
         if not isinstance(row.get("chat", False), bool):
             raise OptionError(f"--prompts {path}:{n}: 'chat' must be true or false")
-        rows.append({"prompt": row["prompt"], "chat": row.get("chat", False)})
+        if row.get("suffix") is not None and (not isinstance(row["suffix"], str) or row.get("chat")):
+            raise OptionError(f"--prompts {path}:{n}: 'suffix' (fill in the middle) must be a string, without chat")
+        rows.append({"prompt": row["prompt"], "chat": row.get("chat", False), "suffix": row.get("suffix")})
     if not rows:
         raise OptionError(f"--prompts {path}: no prompts")
     return rows
@@ -52,7 +54,7 @@ def check_prompts_fit(gen, prompts: list[dict]) -> None:
     """Every prompt encodes and leaves room in the bundle, checked before the first is run (a bundle with a short
     max_seq_len otherwise fails part-way through a benchmark)."""
     for n, row in enumerate(prompts, 1):
-        size = len(gen.encode(row["prompt"], row.get("chat", False)))
+        size = len(gen.encode(row["prompt"], row.get("chat", False), row.get("suffix")))
         if size >= gen.max_seq_len:
             raise OptionError(f"prompt {n} has {size} tokens; the bundle's max_seq_len {gen.max_seq_len} leaves no "
                               "room to generate (pass shorter prompts with --prompts, or export with a longer "
@@ -87,7 +89,8 @@ def run_bench(gen, prompts: list[dict], policies: list[str], max_new_tokens: int
         for i, row in enumerate(prompts):
             for spec in policies:
                 gen.clear_prompt_cache()                       # every run prefills its whole prompt
-                result = gen.generate(row["prompt"], chat=row.get("chat", False), **config_options(spec),
+                result = gen.generate(row["prompt"], chat=row.get("chat", False), suffix=row.get("suffix"),
+                                      **config_options(spec),
                                       seed=None if seed is None else seed + i, **base)
                 runs[spec][r][i] = result
                 done += 1

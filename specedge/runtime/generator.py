@@ -22,6 +22,7 @@ from specedge.runtime.backends.base import decode_width
 from specedge.runtime.backends.cpu import spinning_mode
 from specedge.runtime.batch_step import Models
 from specedge.runtime.chat import render_chat
+from specedge.runtime.fim import find_fim, fim_ids
 from specedge.runtime.manifest import read_manifest
 from specedge.runtime.options import chat_messages, checked_text, generation_options, integer, token_ids
 from specedge.runtime.policies import make_policy
@@ -61,6 +62,7 @@ class Generator:
             raise BundleError(f"{self.path}: corrupt tokenizer ({str(err).splitlines()[0]})") from err
         template = m["tokenizer"].get("chat_template")
         self.chat_template = (self.path / template).read_text() if template else None
+        self.fim = find_fim(self.tokenizer)                 # fill-in-the-middle tokens, where the tokenizer has them
         max_step = max(PREFILL_CHUNK, self.max_draft + 2)
         models = m["models"]
         options, widths = dict(backend_options or {}), {"target": 0, "draft": 0}
@@ -146,8 +148,17 @@ class Generator:
         cached_prompt_tokens (prompt tokens the prompt cache held)."""
         return dict(self.scheduler.counters)
 
-    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+    def encode(self, prompt: str, chat: bool = False, suffix: str | None = None) -> list[int]:
+        """Prompt text -> ids: as it is, in the chat template (chat), or as fill-in-the-middle with the text that
+        follows the gap (suffix: the model writes what goes between prompt and suffix)."""
         prompt = checked_text(prompt)
+        if suffix is not None:
+            if chat:
+                raise OptionError("suffix (fill-in-the-middle) and chat do not go together")
+            if self.fim is None:
+                raise OptionError("this bundle's tokenizer has no fill-in-the-middle tokens (suffix needs a code model "
+                                  "trained for it, such as Qwen2.5-Coder or StarCoder)")
+            return fim_ids(self.tokenizer, self.fim, prompt, checked_text(suffix, "the suffix"))
         if chat:
             if not self.chat_template:
                 raise SpecedgeError("this bundle has no chat template; run without --chat")
@@ -167,14 +178,15 @@ class Generator:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def stream(self, prompt: str, on_token=None, outbox=None, **options) -> Stream:
+    def stream(self, prompt: str, on_token=None, outbox=None, suffix: str | None = None, **options) -> Stream:
         """Starts a request; iterate the Stream for text pieces as tokens are committed, then read `.result`.
         on_token(ids, text) is called on the worker thread for every commit (keep it short).
         outbox: an object with put(event) that receives the request's events instead of the Stream (("text", piece,
         ids, logprobs of ids or None) ..., then ("done", result) or ("error", exc), put on the worker thread; a
-        server's event-loop bridge); the Stream then only cancels."""
+        server's event-loop bridge); the Stream then only cancels.
+        suffix: fill in the middle: the model writes what goes between prompt and suffix (code models)."""
         opts = self.options(**options)
-        return self._submit(self.encode(prompt, opts.chat), opts, on_token, outbox)
+        return self._submit(self.encode(prompt, opts.chat, suffix), opts, on_token, outbox)
 
     def stream_ids(self, prompt_ids: list[int], on_token=None, outbox=None, **options) -> Stream:
         return self._submit(token_ids(prompt_ids, self.vocab_size), self.options(**options), on_token, outbox)

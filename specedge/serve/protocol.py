@@ -31,7 +31,7 @@ _ANY = object()
 _DEFAULT_ONLY_COMMON = {"n": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
                         "logit_bias": (None, {}), "service_tier": (None, "auto", "default")}
 _DEFAULT_ONLY = {
-    "completion": {**_DEFAULT_ONLY_COMMON, "best_of": (None, 1), "echo": (None, False), "suffix": (None, "")},
+    "completion": {**_DEFAULT_ONLY_COMMON, "best_of": (None, 1), "echo": (None, False)},
     "chat": {**_DEFAULT_ONLY_COMMON, "tools": (None, []),
              "functions": (None, []), "tool_choice": (None, "none", "auto"), "function_call": (None, "none", "auto"),
              "response_format": (None, {"type": "text"}), "store": (None, False), "modalities": (None, ["text"]),
@@ -42,7 +42,7 @@ _DEFAULT_ONLY = {
 _METADATA = {"user", "metadata", "parallel_tool_calls", "safety_identifier", "prompt_cache_key"}
 _HONOURED = {
     "completion": {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
-                   "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs"},
+                   "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "suffix"},
     "chat": {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
              "stream", "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "top_logprobs"},
 }
@@ -194,6 +194,15 @@ def _prompt_ids(body: dict, gen) -> list[int]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]                                   # a batch of one
+    suffix = body.get("suffix")
+    if suffix not in (None, ""):                            # fill in the middle: write what goes between the two
+        if not isinstance(suffix, str):
+            raise invalid("'suffix' must be a string", "suffix")
+        if not isinstance(prompt, str):
+            raise invalid("with 'suffix', 'prompt' must be text (the code before the gap)", "prompt")
+        if gen.fim is None:
+            raise unsupported("suffix", "a suffix", " (this model's tokenizer has no fill-in-the-middle tokens)")
+        return gen.encode(_unicode(prompt, "prompt"), suffix=_unicode(suffix, "suffix"))
     if isinstance(prompt, str):
         return gen.tokenizer.encode(_unicode(prompt, "prompt")).ids
     if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):

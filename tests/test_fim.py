@@ -1,0 +1,88 @@
+"""Fill in the middle: a code model writes what goes between a prefix and a suffix; the prompt is built from the
+tokenizer's own FIM tokens, through the API, the CLI, the server and bench's prompt files."""
+
+import json
+import subprocess
+import sys
+
+import openai
+import pytest
+
+import tiny_models as tm
+from conftest import TARGET_ROWS, _export
+from serve_helpers import MODEL, running, serve_bundle
+from specedge.bench.runner import load_prompts
+from specedge.errors import OptionError
+from specedge.runtime import load
+
+FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+PREFIX, SUFFIX = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
+GREEDY = dict(max_new_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def fim_bundle(workdir):
+    tok = tm.byte_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": FIM})          # 257 + 3 = TARGET_ROWS ids
+    target = tm.make_model("qwen2", TARGET_ROWS, seed=1)
+    return _export(workdir, "fim", target, tm.perturbed(target, seed=3, noise=0.01), tok, max_seq_len=128)
+
+
+def test_the_prompt_is_built_from_the_tokenizer_s_fim_tokens(fim_bundle):
+    gen = load(fim_bundle)
+    p, s, m = (gen.tokenizer.token_to_id(t) for t in FIM)
+    plain = [gen.tokenizer.encode(t, add_special_tokens=False).ids for t in (PREFIX, SUFFIX)]
+    assert gen.encode(PREFIX, suffix=SUFFIX) == [p, *plain[0], s, *plain[1], m]
+    result = gen.generate(PREFIX, suffix=SUFFIX, **GREEDY, k=3)
+    assert result.tokens == gen.generate_ids(gen.encode(PREFIX, suffix=SUFFIX), **GREEDY, use_draft=False).tokens
+    assert result.stats.n_verify > 0
+    gen.close()
+
+
+def test_a_suffix_without_fim_tokens_or_with_chat_is_a_clear_error(fim_bundle, workdir):
+    gen = load(serve_bundle(workdir))
+    with pytest.raises(OptionError, match="no fill-in-the-middle tokens"):
+        gen.generate(PREFIX, suffix=SUFFIX)
+    gen.close()
+    gen = load(fim_bundle)
+    with pytest.raises(OptionError, match="suffix .* and chat"):
+        gen.generate(PREFIX, suffix=SUFFIX, chat=True)
+    with pytest.raises(OptionError, match="suffix must be a string"):
+        gen.generate(PREFIX, suffix=3)
+    gen.close()
+
+
+def test_the_server_fills_in_the_middle(fim_bundle, workdir):
+    expected = load(fim_bundle).generate(PREFIX, suffix=SUFFIX, **GREEDY, use_draft=False)
+    with running(fim_bundle, max_batch=1) as (srv, gen):
+        c = openai.OpenAI(base_url=srv.url, api_key="-", max_retries=0)
+        out = c.completions.create(model=MODEL, prompt=PREFIX, suffix=SUFFIX, max_tokens=16, temperature=0,
+                                   extra_body={"ignore_eos": True})
+        assert out.choices[0].text == expected.text
+        assert out.usage.prompt_tokens == len(gen.encode(PREFIX, suffix=SUFFIX))
+        with pytest.raises(openai.BadRequestError, match="must be text"):
+            c.completions.create(model=MODEL, prompt=[1, 2, 3], suffix=SUFFIX, max_tokens=4)
+    with running(serve_bundle(workdir), max_batch=2) as (srv, _):
+        c = openai.OpenAI(base_url=srv.url, api_key="-", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="no fill-in-the-middle tokens") as err:
+            c.completions.create(model=MODEL, prompt=PREFIX, suffix=SUFFIX, max_tokens=4)
+        assert err.value.body["param"] == "suffix" and err.value.body["code"] == "unsupported_parameter"
+
+
+def test_the_cli_fills_in_the_middle(fim_bundle):
+    args = [sys.executable, "-m", "specedge.cli", "generate", str(fim_bundle), "--prompt", PREFIX, "--suffix", SUFFIX,
+            "--max-new-tokens", "16", "--ignore-eos", "--json"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    expected = load(fim_bundle).generate(PREFIX, suffix=SUFFIX, **GREEDY)
+    assert json.loads(proc.stdout)["tokens"] == expected.tokens
+
+
+def test_bench_prompt_files_take_a_suffix(tmp_path):
+    good = tmp_path / "fim.jsonl"
+    good.write_text(json.dumps({"prompt": PREFIX, "suffix": SUFFIX}) + "\n" + json.dumps({"prompt": "x"}) + "\n")
+    assert [row["suffix"] for row in load_prompts(str(good))] == [SUFFIX, None]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": PREFIX, "suffix": SUFFIX, "chat": True}) + "\n")
+    with pytest.raises(OptionError, match="'suffix' .* without chat"):
+        load_prompts(str(bad))

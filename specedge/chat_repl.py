@@ -12,6 +12,9 @@ import time
 
 import click
 
+from specedge.errors import SpecedgeError
+from specedge.interrupts import interrupt_handled
+
 HELP = ('/reset starts a new conversation, /exit (or Ctrl+D) ends; Ctrl+C stops a reply; several lines: between two '
         '""" lines, or end a line with \\')
 BLOCK = '"""'
@@ -39,6 +42,9 @@ def run_chat(gen, system: str | None, options: dict, show_stats: bool = True, re
         except (EOFError, KeyboardInterrupt):
             click.echo(err=True)
             return
+        except UnicodeDecodeError:
+            click.echo("(that input is not valid UTF-8: skipped)", err=True)
+            continue
         text = line.strip()
         if not text:
             continue
@@ -49,7 +55,12 @@ def run_chat(gen, system: str | None, options: dict, show_stats: bool = True, re
             click.echo("(a new conversation)", err=True)
             continue
         messages.append({"role": "user", "content": line})
-        reply, first_token_s = _reply(gen, messages, options)
+        try:
+            reply, first_token_s = _reply(gen, messages, options)
+        except SpecedgeError as err:             # e.g. the conversation outgrew max_seq_len: the session goes on
+            messages.pop()
+            click.echo(f"specedge: {err} (the message was dropped; /reset starts a new conversation)", err=True)
+            continue
         messages.append({"role": "assistant", "content": reply.text})
         if show_stats:
             click.echo(turn_line(reply.stats, first_token_s), err=True)
@@ -87,7 +98,9 @@ def _reply(gen, messages: list[dict], options: dict):
             if piece and first is None:
                 first = time.perf_counter() - t
             click.echo(piece, nl=False)
-    except KeyboardInterrupt:                       # the stream cancelled itself; show what came before it ended
+    except KeyboardInterrupt:                       # stop the reply (wherever Ctrl+C landed); show what it said
+        stream.cancel()
+        interrupt_handled()
         for piece in stream:
             click.echo(piece, nl=False)
     click.echo()

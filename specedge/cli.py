@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
 import click
 
 from specedge.errors import OptionError, SpecedgeError
+from specedge.interrupts import InterruptWatch
 
 EXIT_USAGE, EXIT_FAILURE, EXIT_INTERRUPTED = 2, 1, 130
 
@@ -385,7 +384,7 @@ def _embedding_line(model: dict) -> str:
 
 
 def main(argv=None) -> int:
-    interrupt = _InterruptWatch()
+    interrupt = InterruptWatch()
     try:
         cli.main(args=argv, prog_name="specedge", standalone_mode=False)
     except BaseException as err:  # noqa: BLE001 - each kind gets its line and exit code; the rest is re-raised
@@ -411,25 +410,6 @@ def _report(err: BaseException, interrupted: bool) -> int:
         click.echo(f"specedge: error: {_one_line(str(err))}", err=True)
         return EXIT_FAILURE
     raise err
-
-
-class _InterruptWatch:
-    """Notes a Ctrl+C (then raises KeyboardInterrupt as Python's own handler does), so that main reports it as
-    an interruption whatever exception it turned into on its way out."""
-
-    def __init__(self):
-        self.seen, self.previous = False, None
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self.previous = signal.signal(signal.SIGINT, self._on_interrupt)
-
-    def _on_interrupt(self, signum, frame):
-        self.seen = True
-        raise KeyboardInterrupt
-
-    def restore(self) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
 
 
 def _runs_here(name: str, max_draft: int) -> bool:

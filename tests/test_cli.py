@@ -129,3 +129,40 @@ def test_chat_without_a_chat_template_is_a_one_line_error(tmp_path):
     proc = specedge("chat", str(tmp_path / "b"), check=False)
     assert proc.returncode == 1 and proc.stderr.strip().count("\n") == 0
     assert "no chat template" in proc.stderr
+
+
+def test_chat_goes_on_after_a_turn_that_fails(cli_bundle):
+    """A message that no longer fits the bundle's max_seq_len (128 here) is dropped with one line; the session and
+    the conversation before it go on."""
+    proc = subprocess.run([sys.executable, "-m", "specedge.cli", "chat", str(cli_bundle), "--max-new-tokens", "4"],
+                          input="x" * 200 + "\nhello\n", capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "the message was dropped" in proc.stderr and "Traceback" not in proc.stderr
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("[4 tokens")]) == 1
+
+
+def test_ctrl_c_during_a_reply_stops_it_wherever_it_lands(cli_bundle, monkeypatch):
+    """Ctrl+C while the terminal is being written (not inside the stream): the reply still stops, and the
+    interruption counts as handled (a later error is reported as itself)."""
+    import specedge.chat_repl as repl
+    from specedge.interrupts import InterruptWatch
+    from specedge.runtime import load
+
+    gen = load(cli_bundle)
+    echoes = {"n": 0}
+
+    def echo_interrupted_once(*args, **kwargs):
+        echoes["n"] += 1
+        if echoes["n"] == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(repl.click, "echo", echo_interrupted_once)
+    watch = InterruptWatch()
+    try:
+        watch.seen = True                                  # as the SIGINT handler leaves it
+        result, _ = repl._reply(gen, [{"role": "user", "content": "hi"}], dict(max_new_tokens=60, ignore_eos=True))
+    finally:
+        watch.restore()
+    assert result.stats.stop_reason == "cancelled" and result.stats.new_tokens < 60
+    assert watch.seen is False
+    gen.close()

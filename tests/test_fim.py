@@ -4,6 +4,7 @@ tokenizer's own FIM tokens, through the API, the CLI, the server and bench's pro
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import openai
 import pytest
@@ -64,7 +65,7 @@ def test_the_server_fills_in_the_middle(fim_bundle, workdir):
             c.completions.create(model=MODEL, prompt=[1, 2, 3], suffix=SUFFIX, max_tokens=4)
     with running(serve_bundle(workdir), max_batch=2) as (srv, _):
         c = openai.OpenAI(base_url=srv.url, api_key="-", max_retries=0)
-        with pytest.raises(openai.BadRequestError, match="no fill-in-the-middle tokens") as err:
+        with pytest.raises(openai.BadRequestError, match="needs fill-in-the-middle tokens") as err:
             c.completions.create(model=MODEL, prompt=PREFIX, suffix=SUFFIX, max_tokens=4)
         assert err.value.body["param"] == "suffix" and err.value.body["code"] == "unsupported_parameter"
 
@@ -86,3 +87,51 @@ def test_bench_prompt_files_take_a_suffix(tmp_path):
     bad.write_text(json.dumps({"prompt": PREFIX, "suffix": SUFFIX, "chat": True}) + "\n")
     with pytest.raises(OptionError, match="'suffix' .* without chat"):
         load_prompts(str(bad))
+
+
+def test_an_empty_suffix_is_no_suffix_everywhere(fim_bundle, tmp_path):
+    gen = load(fim_bundle)
+    assert gen.encode(PREFIX, suffix="") == gen.encode(PREFIX)
+    rows = tmp_path / "p.jsonl"
+    rows.write_text(json.dumps({"prompt": PREFIX, "suffix": ""}) + "\n")
+    assert load_prompts(str(rows))[0]["suffix"] is None
+    gen.close()
+
+
+def test_a_middle_also_ends_at_the_fim_family_s_markers(fim_bundle):
+    gen = load(fim_bundle)
+    free = gen.generate(PREFIX, suffix=SUFFIX, max_new_tokens=12, ignore_eos=True)
+    stop = free.tokens[4]                               # pretend the model's 5th token were a FIM marker
+    marker_gen = load(fim_bundle)
+    marker_gen.fim = replace(marker_gen.fim, ends=marker_gen.fim.ends | {stop})
+    ended = marker_gen.generate(PREFIX, suffix=SUFFIX, max_new_tokens=12)
+    assert ended.tokens == free.tokens[: free.tokens.index(stop) + 1] and ended.stats.stop_reason == "eos"
+    assert set(gen.fim.ends) >= {gen.fim.prefix, gen.fim.suffix, gen.fim.middle}
+    gen.close()
+    marker_gen.close()
+
+
+def test_stop_ids_end_generation_like_eos(fim_bundle):
+    gen = load(fim_bundle)
+    free = gen.generate(PREFIX, max_new_tokens=12, ignore_eos=True)
+    ended = gen.generate(PREFIX, max_new_tokens=12, stop_ids=[free.tokens[3]], k=3)
+    assert ended.tokens == free.tokens[: free.tokens.index(free.tokens[3]) + 1] and ended.stats.stop_reason == "eos"
+    for bad in ([-1], [gen.vocab_size], "ab", [1.5]):
+        with pytest.raises(OptionError):
+            gen.generate(PREFIX, stop_ids=bad)
+    gen.close()
+
+
+def test_only_what_the_tokenizer_puts_before_a_text_goes_before_the_markers():
+    from tokenizers import processors
+
+    from specedge.runtime.fim import find_fim
+
+    tok = tm.byte_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<s>"]})
+    backend = tok.backend_tokenizer
+    eos, bos = backend.token_to_id(tm.EOS), backend.token_to_id("<s>")
+    backend.post_processor = processors.TemplateProcessing(single=f"$A {tm.EOS}", special_tokens=[(tm.EOS, eos)])
+    assert find_fim(backend).bos == ()                  # an appended EOS stays out of the prompt
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    assert find_fim(backend).bos == (bos,)

@@ -10,7 +10,8 @@ import signal
 import numpy as np
 import pytest
 
-from specedge.cli import _InterruptWatch, _report, main
+from specedge.cli import _report, main
+from specedge.interrupts import InterruptWatch
 from specedge.errors import BundleError, OptionError
 from specedge.runtime import load
 
@@ -168,7 +169,7 @@ def test_bench_checks_its_output_folder_and_prompts_before_running(arch_bundles,
 def test_ctrl_c_is_reported_as_an_interruption_whatever_it_became(capsys):
     """Ctrl+C inside a library's lazy import surfaced as ModuleNotFoundError (a traceback) or as 'backend
     unavailable' (a wrong error): once an interrupt was seen, any exception is reported as the interruption."""
-    watch = _InterruptWatch()
+    watch = InterruptWatch()
     try:
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)

@@ -44,7 +44,7 @@ def load_prompts(path: str | None) -> list[dict]:
             raise OptionError(f"--prompts {path}:{n}: 'chat' must be true or false")
         if row.get("suffix") is not None and (not isinstance(row["suffix"], str) or row.get("chat")):
             raise OptionError(f"--prompts {path}:{n}: 'suffix' (fill in the middle) must be a string, without chat")
-        rows.append({"prompt": row["prompt"], "chat": row.get("chat", False), "suffix": row.get("suffix")})
+        rows.append({"prompt": row["prompt"], "chat": row.get("chat", False), "suffix": row.get("suffix") or None})
     if not rows:
         raise OptionError(f"--prompts {path}: no prompts")
     return rows

@@ -60,7 +60,8 @@ async def _one(client, model: str, prompt: dict, policy: str, max_tokens: int, t
         stream = await client.chat.completions.create(messages=[{"role": "user", "content": prompt["prompt"]}],
                                                       **common)
     else:
-        stream = await client.completions.create(prompt=prompt["prompt"], suffix=prompt.get("suffix"), **common)
+        fim = {"suffix": prompt["suffix"]} if prompt.get("suffix") else {}      # nothing sent where there is none
+        stream = await client.completions.create(prompt=prompt["prompt"], **fim, **common)
     async for chunk in stream:
         if chunk.choices:
             c = chunk.choices[0]

@@ -18,12 +18,18 @@ KNOWN = (
 )
 
 
+# tokens that end a middle besides the bundle's eos ids, where the vocabulary has them: the markers themselves and
+# the families' padding and file separators (a model that emits one has left the gap)
+ENDS = ("<|fim_pad|>", "<|file_sep|>", "<|file_separator|>", "<|repo_name|>", "<file_sep>", "<|endoftext|>")
+
+
 @dataclass(frozen=True)
 class FimTokens:
     prefix: int
     suffix: int
     middle: int
-    bos: tuple[int, ...]            # what the tokenizer puts before any text (a BOS token), if anything
+    bos: tuple[int, ...]            # what the tokenizer puts before the text (a BOS token), if anything
+    ends: frozenset[int]            # ids that end the middle (with the eos ids)
 
 
 def find_fim(tokenizer) -> FimTokens | None:
@@ -31,8 +37,19 @@ def find_fim(tokenizer) -> FimTokens | None:
     for names in KNOWN:
         ids = [tokenizer.token_to_id(name) for name in names]
         if all(i is not None for i in ids):
-            return FimTokens(*ids, bos=tuple(tokenizer.encode("", add_special_tokens=True).ids))
+            ends = {tokenizer.token_to_id(name) for name in ENDS} - {None}
+            return FimTokens(*ids, bos=_leading_specials(tokenizer), ends=frozenset(ends | set(ids)))
     return None
+
+
+def _leading_specials(tokenizer) -> tuple[int, ...]:
+    """What the tokenizer's post-processing puts before a text (a BOS), not what it appends (an EOS)."""
+    marked = tokenizer.encode("x", add_special_tokens=True).ids
+    plain = tokenizer.encode("x", add_special_tokens=False).ids
+    for at in range(len(marked) - len(plain) + 1):
+        if marked[at: at + len(plain)] == plain:
+            return tuple(marked[:at])
+    return ()
 
 
 def fim_ids(tokenizer, fim: FimTokens, prefix: str, suffix: str) -> list[int]:

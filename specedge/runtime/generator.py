@@ -152,7 +152,7 @@ class Generator:
         """Prompt text -> ids: as it is, in the chat template (chat), or as fill-in-the-middle with the text that
         follows the gap (suffix: the model writes what goes between prompt and suffix)."""
         prompt = checked_text(prompt)
-        if suffix is not None:
+        if suffix is not None and suffix != "":             # an empty suffix is no suffix (as the server reads it)
             if chat:
                 raise OptionError("suffix (fill-in-the-middle) and chat do not go together")
             if self.fim is None:
@@ -186,7 +186,10 @@ class Generator:
         server's event-loop bridge); the Stream then only cancels.
         suffix: fill in the middle: the model writes what goes between prompt and suffix (code models)."""
         opts = self.options(**options)
-        return self._submit(self.encode(prompt, opts.chat, suffix), opts, on_token, outbox)
+        prompt_ids = self.encode(prompt, opts.chat, suffix)
+        if suffix not in (None, ""):                          # the middle also ends at the FIM family's markers
+            opts = replace(opts, stop_ids=tuple(sorted(set(opts.stop_ids) | self.fim.ends)))
+        return self._submit(prompt_ids, opts, on_token, outbox)
 
     def stream_ids(self, prompt_ids: list[int], on_token=None, outbox=None, **options) -> Stream:
         return self._submit(token_ids(prompt_ids, self.vocab_size), self.options(**options), on_token, outbox)
@@ -228,6 +231,7 @@ class Generator:
     def options(self, **options) -> GenerationOptions:
         """Validated options (every bound explicit: a bad one is a one-line OptionError)."""
         opts = generation_options(options, self.max_draft)
+        token_ids(opts.stop_ids, self.vocab_size)            # in the vocabulary
         if self.draft is None and "k" not in options and opts.policy is None and opts.drafter == "model":
             opts = replace(opts, k=0)         # a target-only bundle runs the target alone unless asked to draft
         spec = self._policy_spec(opts)
@@ -259,7 +263,8 @@ class Generator:
         seq = Sequence(prompt_ids=prompt_ids, opts=opts, warp=Warp(opts.temperature, opts.top_k, opts.top_p),
                        rng=np.random.default_rng(opts.seed), policy=policy, drafter=drafter,
                        decoder=IncrementalDecoder(self.tokenizer), stops=StopStrings(list(opts.stop)),
-                       eos_ids=frozenset() if opts.ignore_eos else self.eos_ids, on_token=on_token,
+                       eos_ids=frozenset() if opts.ignore_eos else self.eos_ids | set(opts.stop_ids),
+                       on_token=on_token,
                        tokens=list(prompt_ids), started=time.perf_counter(),
                        logprobs=None if opts.logprobs is None else [],
                        **({} if outbox is None else {"outbox": outbox}))

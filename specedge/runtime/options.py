@@ -88,6 +88,14 @@ def chat_messages(messages) -> list[dict]:
     return out
 
 
+def stop_ids(ids) -> tuple[int, ...]:
+    """Token ids that end generation: a sequence of non-negative integers (the vocabulary is checked by the
+    generator, which knows its size)."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise OptionError(f"stop_ids must be a list of token ids, got {ids!r}")
+    return tuple(integer("each stop id", i, 0) for i in ids)
+
+
 def stop_strings(stop) -> tuple[str, ...]:
     """One string is one stop string (not one per character); else an iterable of strings."""
     stops = (stop,) if isinstance(stop, str) else stop
@@ -130,6 +138,6 @@ def generation_options(options: dict, max_draft: int) -> GenerationOptions:
         top_k=integer("top_k", o.top_k, 0), top_p=top_p,
         seed=None if o.seed is None else integer("seed", o.seed, 0, 2**63 - 1),
         k=k, use_draft=flag("use_draft", o.use_draft), chat=flag("chat", o.chat),
-        ignore_eos=flag("ignore_eos", o.ignore_eos), stop=stop_strings(o.stop),
+        ignore_eos=flag("ignore_eos", o.ignore_eos), stop=stop_strings(o.stop), stop_ids=stop_ids(o.stop_ids),
         logprobs=None if o.logprobs is None else integer("logprobs", o.logprobs, 0, MAX_TOP_LOGPROBS))
 

@@ -34,6 +34,7 @@ class GenerationOptions:
                                     # "target"; None: fixed k (the target alone when k = 0 or use_draft is False)
     drafter: str = "model"          # who drafts: "model", "ngram" (prompt lookup), "hybrid", "none"
     stop: tuple[str, ...] = ()
+    stop_ids: tuple[int, ...] = ()  # token ids that end generation as an eos id does (kept, like it)
     chat: bool = False
     ignore_eos: bool = False        # run to max_new_tokens (benchmarks, tests)
     logprobs: int | None = None     # None: off; n >= 0: each generated token's logprob, the n likeliest at its place

@@ -201,7 +201,8 @@ def _prompt_ids(body: dict, gen) -> list[int]:
         if not isinstance(prompt, str):
             raise invalid("with 'suffix', 'prompt' must be text (the code before the gap)", "prompt")
         if gen.fim is None:
-            raise unsupported("suffix", "a suffix", " (this model's tokenizer has no fill-in-the-middle tokens)")
+            raise APIError(400, "'suffix' (fill in the middle) needs fill-in-the-middle tokens, which this model's "
+                                "tokenizer does not have", "suffix", "unsupported_parameter")
         return gen.encode(_unicode(prompt, "prompt"), suffix=_unicode(suffix, "suffix"))
     if isinstance(prompt, str):
         return gen.tokenizer.encode(_unicode(prompt, "prompt")).ids
@@ -308,6 +309,8 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
     if max_tokens is None:
         max_tokens = min(COMPLETION_DEFAULT_MAX_TOKENS, room) if kind == "completion" else room
     options["max_new_tokens"] = max_tokens
+    if kind == "completion" and body.get("suffix") not in (None, ""):
+        options["stop_ids"] = tuple(sorted(gen.fim.ends))   # the middle also ends at the FIM family's markers
     label = options["policy"] if options["policy"] == "target" else f"{options['policy']}@{options['drafter']}"
     timeout = timeout if timeout is not None else limits.request_timeout
     return ParsedRequest(kind, model, prompt_ids, options, stream, include_usage, timeout, label)

@@ -30,7 +30,7 @@ def turn_line(stats, first_token_s: float | None) -> str:
 
 
 def run_chat(gen, system: str | None, options: dict, show_stats: bool = True, read=None) -> None:
-    """The loop: read a line, stream the reply, keep both in the conversation."""
+    """The loop: read a message, stream the reply, keep both in the conversation."""
     read = read or (lambda: input("> " if sys.stdin.isatty() else ""))
     start = [{"role": "system", "content": system}] if system else []
     messages = list(start)

@@ -117,8 +117,8 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
               help="Print one JSON object: text, tokens, prompt_tokens, stats (and logprobs with --logprobs).")
 @click.option("--logprobs", default=None, type=click.IntRange(0, 20),
               help="With --json: each generated token's logprob under the target and the N likeliest tokens there.")
-def generate(bundle, prompt, chat, suffix, max_new_tokens, temperature, top_k, top_p, seed, k, no_draft, policy, drafter,
-             stop, ignore_eos, threads, backend, device_id, cuda_graphs, target_rows, as_json, logprobs):
+def generate(bundle, prompt, chat, suffix, max_new_tokens, temperature, top_k, top_p, seed, k, no_draft, policy,
+             drafter, stop, ignore_eos, threads, backend, device_id, cuda_graphs, target_rows, as_json, logprobs):
     """Generate a completion, streaming it, then print the stats."""
     from specedge.runtime import load
 

@@ -135,3 +135,15 @@ def test_only_what_the_tokenizer_puts_before_a_text_goes_before_the_markers():
     assert find_fim(backend).bos == ()                  # an appended EOS stays out of the prompt
     backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
     assert find_fim(backend).bos == (bos,)
+
+
+def test_the_server_takes_stop_token_ids(fim_bundle):
+    gen = load(fim_bundle)
+    free = gen.generate(PREFIX, max_new_tokens=12, ignore_eos=True)
+    gen.close()
+    with running(fim_bundle, max_batch=1) as (srv, _):
+        c = openai.OpenAI(base_url=srv.url, api_key="-", max_retries=0)
+        out = c.completions.create(model=MODEL, prompt=PREFIX, max_tokens=12, temperature=0,
+                                   extra_body={"stop_token_ids": [free.tokens[3]]})
+        assert out.usage.completion_tokens == free.tokens.index(free.tokens[3]) + 1
+        assert out.choices[0].finish_reason == "stop"

@@ -139,13 +139,15 @@ def test_defaults_and_overrides_map_to_runtime_options(gen):
                   "completion", gen, limits)
     assert fixed.prompt_ids == [1, 2, 3] and fixed.speculation == "fixed:4@ngram"
     assert fixed.options == dict(temperature=1.0, top_p=1.0, seed=3, stop=("\n",), top_k=5, ignore_eos=False,
-                                 policy="fixed:4", drafter="ngram", max_new_tokens=5, logprobs=None)
+                                 policy="fixed:4", drafter="ngram", max_new_tokens=5, logprobs=None, stop_ids=())
 
 
 @pytest.mark.parametrize("body, param", [
     ({"prompt": "x", "n": 3}, "n"),
     ({"prompt": "x", "best_of": 2}, "best_of"),
     ({"prompt": "x", "logprobs": 6}, "logprobs"),
+    ({"prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"prompt": "x", "stop_token_ids": "3"}, "stop_token_ids"),
     ({"prompt": "x", "frequency_penalty": 0.1}, "frequency_penalty"),
     ({"prompt": "x", "made_up": 1}, "made_up"),
     ({"prompt": "x", "temperature": 2.5}, "temperature"),

@@ -42,9 +42,11 @@ _DEFAULT_ONLY = {
 _METADATA = {"user", "metadata", "parallel_tool_calls", "safety_identifier", "prompt_cache_key"}
 _HONOURED = {
     "completion": {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
-                   "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "suffix"},
+                   "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "suffix",
+                   "stop_token_ids"},
     "chat": {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
-             "stream", "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "top_logprobs"},
+             "stream", "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "top_logprobs",
+             "stop_token_ids"},
 }
 _WHY = {"n": " (one choice per request)", "best_of": " (one choice per request)",
         "tools": " (no tool calling)", "functions": " (no tool calling)", "tool_choice": " (no tool calling)",
@@ -134,6 +136,16 @@ def _check_parameters(body: dict, kind: str) -> None:
                 raise unsupported(name, body[name], _WHY.get(name, ""))
             continue
         raise APIError(400, f"Unrecognized request argument supplied: {name}", name, "unrecognized_argument")
+
+
+def _stop_ids(body: dict, vocab_size: int) -> tuple[int, ...]:
+    """vLLM's extension: token ids that end generation as an eos id does."""
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return ()
+    if not isinstance(ids, list) or not all(_is_int(i) and 0 <= i < vocab_size for i in ids):
+        raise invalid(f"'stop_token_ids' must be a list of token ids (0..{vocab_size - 1})", "stop_token_ids")
+    return tuple(ids)
 
 
 def _stops(body: dict) -> tuple[str, ...]:
@@ -289,7 +301,8 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
                    top_p=_number(body, "top_p", 0, 1, 1.0, lo_open=True),
                    seed=_integer(body, "seed", 0, 2**63 - 1), stop=_stops(body),
                    top_k=_integer(body, "top_k", 0) or 0, ignore_eos=_bool(body, "ignore_eos"),
-                   logprobs=_logprobs(body, kind), **_speculation(body, limits))
+                   logprobs=_logprobs(body, kind), stop_ids=_stop_ids(body, gen.vocab_size),
+                   **_speculation(body, limits))
     if options["policy"] == "target":
         options["drafter"] = "model"            # the runtime runs the target alone; no drafter to check
     prompt_ids = _chat_ids(body, gen, limits) if kind == "chat" else _prompt_ids(body, gen)
@@ -309,8 +322,8 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
     if max_tokens is None:
         max_tokens = min(COMPLETION_DEFAULT_MAX_TOKENS, room) if kind == "completion" else room
     options["max_new_tokens"] = max_tokens
-    if kind == "completion" and body.get("suffix") not in (None, ""):
-        options["stop_ids"] = tuple(sorted(gen.fim.ends))   # the middle also ends at the FIM family's markers
+    if kind == "completion" and body.get("suffix") not in (None, ""):   # the middle also ends at the FIM markers
+        options["stop_ids"] = tuple(sorted(set(options["stop_ids"]) | gen.fim.ends))
     label = options["policy"] if options["policy"] == "target" else f"{options['policy']}@{options['drafter']}"
     timeout = timeout if timeout is not None else limits.request_timeout
     return ParsedRequest(kind, model, prompt_ids, options, stream, include_usage, timeout, label)

@@ -468,3 +468,22 @@ def test_several_clients_next_turns_at_once_each_reuse_their_own_conversation(st
         gen.clear_prompt_cache()
         assert gen.generate_ids(follow_ups[i], **GREEDY).tokens == r.tokens
     gen.close()
+
+
+def test_a_request_shares_a_running_request_s_prompt_start(standard_bundles):
+    """A request arriving while another runs with the same system prompt copies that prefix from the running
+    request's slot (its committed text) instead of prefilling it, exactly."""
+    gen = load(standard_bundles["qwen2"], max_batch=2)
+    checker = HeldChecker(gen)
+    system = gen.encode("You are terse and exact. " * 3)
+    first, second = system + gen.encode("first question"), system + gen.encode("second one")
+    running = gen.stream_ids(first, **dict(GREEDY, max_new_tokens=40))
+    next(iter(running))                                  # it has prefilled and committed its first token
+    joined = gen.generate_ids(second, **GREEDY)
+    running.wait()
+    shared = len(os.path.commonprefix([first, second]))
+    assert joined.stats.cached_prompt_tokens == shared
+    gen.clear_prompt_cache()
+    assert gen.generate_ids(second, **GREEDY).tokens == joined.tokens
+    assert checker.violations == []
+    gen.close()

@@ -32,21 +32,23 @@ class PromptCache:
         return sum(text is not None for text in self.held)
 
     # -- sequences joining --------------------------------------------------------------------------
-    def start(self, joining: list[Sequence], free_from: int) -> None:
+    def start(self, joining: list[Sequence], free_from: int, running: list[Sequence] = ()) -> None:
         """Sequences just given the slots below `free_from` that no running sequence had (every slot from `free_from`
         on is free). Among those slots each takes the one whose text it reuses most in place (several clients'
         next turns at once: each its own conversation); a finished text its sequence would overwrite in part is
-        first kept in a free slot; then each starts from the longest start of its prompt that its slot or a free
-        slot holds (copied in from a free slot)."""
+        first kept in a free slot; then each starts from the longest start of its prompt that its slot, a free
+        slot, or a running sequence's committed text holds (copied in from a free or a running slot: a system
+        prompt shared with a request already running is not prefilled again)."""
         texts = {s.slot: self._forget(s.slot) for s in joining}
         if not self.enabled:
             return
         free = list(range(free_from, len(self.held)))
         self._assign(joining, texts)
+        others = [(HeldText.of(r, finished=False, stamp=0), r.slot) for r in running if r.slot not in texts]
         chosen = {}                                       # id(s) -> (length, text, slot): its longest reuse
         for s in joining:
             limit = len(s.prompt_ids) - 1                 # the last prompt token is fed: its logits give a token
-            sources = [(texts[s.slot], s.slot)] + [(self.held[j], j) for j in free]
+            sources = [(texts[s.slot], s.slot)] + [(self.held[j], j) for j in free] + others
             chosen[id(s)] = max(((t.common_prefix(s.prompt_ids, limit), t, j) for t, j in sources if t),
                                 key=lambda c: c[0], default=(0, None, None))   # max: the first of equals
         sources = {slot for _, _, slot in chosen.values()}
@@ -60,9 +62,10 @@ class PromptCache:
             if not length:
                 continue
             drafted = min(length, text.draft_len)
-            if slot != s.slot:                            # the prefix comes from a free slot, which keeps it
+            if slot != s.slot:                            # the prefix comes from another slot, which keeps it
                 self._copy(slot, s.slot, length, drafted)
-                self.held[slot] = replace(text, stamp=self._tick())
+                if slot >= free_from:                     # a free slot's text was just used (a running one has none)
+                    self.held[slot] = replace(text, stamp=self._tick())
             s.prefilled = s.tgt_pos = length
             s.dft_pos = drafted if self.m.draft is not None else 0
             s.stats.cached_prompt_tokens = length

@@ -147,7 +147,7 @@ class Scheduler:
                 self.running.append(seq)
                 admitted.append(seq)
         try:
-            self.cache.start(admitted, free_from=len(self.running))  # may permute the admitted ones' slots
+            self.cache.start(admitted, free_from=len(self.running), running=self.running)   # may permute their slots
         finally:                                                       # (even if interrupted part-way)
             if len(admitted) > 1:
                 with self.wake:

@@ -184,3 +184,14 @@ def test_chat_logprobs_in_openai_s_shape(server):
     assert [e.logprob for e in streamed] == [e.logprob for e in content]
     plain = c.chat.completions.create(**{**common, "logprobs": None, "top_logprobs": None})
     assert plain.choices[0].logprobs is None
+
+
+def test_a_stream_carries_the_logprobs_of_what_it_has_received(bundle):
+    gen = load(bundle)
+    stream = gen.stream(PROMPT, **OPTIONS, k=3)
+    seen = []
+    for _ in stream:
+        assert len(stream.logprobs) == len(stream.tokens)
+        seen.append(len(stream.logprobs))
+    assert stream.logprobs == stream.result.logprobs and seen
+    gen.close()

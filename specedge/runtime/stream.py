@@ -16,6 +16,7 @@ class Stream:
         self._seq, self._scheduler = seq, scheduler
         self.result: GenerationResult | None = None
         self.tokens: list[int] = []                 # ids received so far
+        self.logprobs: list = []                    # their TokenLogprobs, when the request asked for them
         self._error: Exception | None = None
 
     def __iter__(self):
@@ -32,8 +33,9 @@ class Stream:
                     self._scheduler.pump(self._seq)      # drive the batch, or wait for whoever drives it
                     continue
                 if kind == "text":
-                    piece, ids, _ = payload
+                    piece, ids, logprobs = payload
                     self.tokens += ids
+                    self.logprobs += logprobs or []
                     if piece:
                         return piece
                 elif kind == "done":

@@ -113,7 +113,8 @@ def test_text_offsets_index_the_text_across_split_characters_and_special_tokens(
     block = completion_logprobs([TokenLogprob(i, -1.0) for i in ids], TextOffsets(texts))
     assert text == "x = 𝔘 + é"
     assert block["text_offset"] == [0, 1, 2, 3, 4, 4, 4, 4, 4, 5, 6, 7, 8, 8]
-    assert block["tokens"][5:9] == ["bytes:\\xf0", "bytes:\\x9d", "bytes:\\x94", "bytes:\\x98"] and block["tokens"][4] == "<|im_end|>"
+    assert block["tokens"][5:9] == ["bytes:\\xf0", "bytes:\\x9d", "bytes:\\x94", "bytes:\\x98"]
+    assert block["tokens"][4] == "<|im_end|>"
     assert [list(top) for top in block["top_logprobs"]] == [[t] for t in block["tokens"]]
     gen.close()
 
@@ -177,7 +178,8 @@ def test_chat_logprobs_in_openai_s_shape(server):
     for entry, e in zip(content, expected.logprobs):
         assert entry.logprob == e.logprob
         assert len(entry.bytes) == 1                        # every token of this vocabulary is one byte
-        assert entry.token == (bytes(entry.bytes).decode() if entry.bytes[0] < 128 else f"bytes:\\x{entry.bytes[0]:02x}")
+        byte = entry.bytes[0]
+        assert entry.token == (bytes([byte]).decode() if byte < 128 else f"bytes:\\x{byte:02x}")
         assert [t.logprob for t in entry.top_logprobs] == [lp for _, lp in e.top]
     streamed = [e for ch in c.chat.completions.create(**common, stream=True) if ch.choices and ch.choices[0].logprobs
                 for e in ch.choices[0].logprobs.content]

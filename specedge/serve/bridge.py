@@ -60,7 +60,8 @@ class Request:
         self.stream.cancel()
 
     async def events(self):
-        """Yields ("text", piece, ids, logprobs of ids or None) as tokens are committed; the result is in .result when it ends.
+        """Yields ("text", piece, ids, logprobs of ids or None) as tokens are committed; the result is in .result
+        when it ends.
         Raises the runtime's error if generation failed, RequestTimeout past the deadline. Leaving the iteration
         early (or being cancelled) cancels the request."""
         try:

@@ -108,7 +108,8 @@ def chat_logprobs(entries, texts: TokenText) -> dict:
 
 def completion_logprobs(entries, offsets: TextOffsets) -> dict:
     """-> a completion choice's legacy `logprobs` block. `top_logprobs`: per token, the alternatives asked for and
-    the chosen token itself (so up to n + 1 entries, as OpenAI's API); two ids with the same string keep the likelier."""
+    the chosen token itself (so up to n + 1 entries, as OpenAI's API); two ids with the same string keep the
+    likelier."""
     texts = offsets.texts
     top = []
     for e in entries:

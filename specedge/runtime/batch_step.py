@@ -18,7 +18,7 @@ from specedge.runtime.drafters import lookup_for, one_hot
 from specedge.runtime.logprobs import token_logprobs
 from specedge.runtime.sampling import draw
 from specedge.runtime.sequences import Sequence
-from specedge.runtime.verify import accept_greedy_ids, accept_sampled
+from specedge.runtime.verify import judge
 
 
 @dataclass
@@ -169,16 +169,7 @@ def speculative_step(m: Models, rows: list[Sequence], span: list[Sequence]) -> t
     committed, wanted = {}, []
     for s in rows:
         d, rows_out = drafts.get(id(s), []), out[s.slot]
-        p = None
-        if rows_out.dtype == np.int64:
-            n, token = accept_greedy_ids(d, rows_out)
-        elif s.warp.greedy:
-            n, token = accept_greedy_ids(d, rows_out.argmax(axis=-1))
-        elif not d:
-            n, token = 0, draw(s.warp.probs(rows_out[-1:])[0], s.rng)
-        else:
-            p = s.warp.probs(rows_out)
-            n, token = accept_sampled(d, q[id(s)], p, s.rng)
+        n, token, p = judge(s.warp, s.rng, d, rows_out, q.get(id(s)))
         if n < len(d):
             rejection = {"slot": s.slot, "position": n + 1, "draft_token": d[n], "target_token": token}
             if p is not None:

@@ -24,14 +24,12 @@ import threading
 import time
 from collections import Counter, deque
 
-import numpy as np
-
 from specedge.errors import SpecedgeError
 from specedge.runtime.batch_step import Models, StepRecord, draft_ready, speculative_step, timed
 from specedge.runtime.logprobs import token_logprobs
-from specedge.runtime.sampling import draw
 from specedge.runtime.prompt_cache import PromptCache
 from specedge.runtime.sequences import GenerationResult, Sequence
+from specedge.runtime.verify import judge
 
 PREFILL_CHUNK = 64
 EVENTS_KEPT = 4096
@@ -205,10 +203,7 @@ class Scheduler:
         s.tgt_pos = s.prefilled
         s.stats.prefill_s += time.perf_counter() - t
         if final:
-            if out.dtype == np.int64:
-                token = int(out[-1])
-            else:
-                token = int(out[-1].argmax()) if s.warp.greedy else draw(s.warp.probs(out[-1:])[0], s.rng)
+            _, token, _ = judge(s.warp, s.rng, [], out[-1:], None)
             self._commit(s, [token], token_logprobs(out[-1:], [token], s.opts.logprobs)
                          if s.opts.logprobs is not None else None)
 

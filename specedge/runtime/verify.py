@@ -34,3 +34,17 @@ def accept_sampled(drafts: list[int], q: np.ndarray, p: np.ndarray, rng: np.rand
             residual = p[i]
         return i, draw(residual, rng)
     return len(drafts), draw(p[len(drafts)], rng)
+
+
+def judge(warp, rng: np.random.Generator, drafts: list[int], rows: np.ndarray, q: np.ndarray | None):
+    """A row's verdict on its drafts. rows: the target's argmax ids [k + 1] or its logits [k + 1, V] (a prefill's
+    last row alone when there are no drafts) -> (n_accepted, next_token, p: the warped target rows when the
+    lossless rule ran, else None)."""
+    if rows.dtype == np.int64:
+        return (*accept_greedy_ids(drafts, rows), None)
+    if warp.greedy:
+        return (*accept_greedy_ids(drafts, rows.argmax(axis=-1)), None)
+    if not drafts:
+        return 0, draw(warp.probs(rows[-1:])[0], rng), None
+    p = warp.probs(rows)
+    return (*accept_sampled(drafts, q, p, rng), p)

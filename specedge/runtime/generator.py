@@ -187,9 +187,13 @@ class Generator:
         suffix: fill in the middle: the model writes what goes between prompt and suffix (code models)."""
         opts = self.options(**options)
         prompt_ids = self.encode(prompt, opts.chat, suffix)
-        if suffix not in (None, ""):                          # the middle also ends at the FIM family's markers
-            opts = replace(opts, stop_ids=tuple(sorted(set(opts.stop_ids) | self.fim.ends)))
+        if suffix not in (None, ""):
+            opts = replace(opts, stop_ids=self.fim_stop_ids(opts.stop_ids))
         return self._submit(prompt_ids, opts, on_token, outbox)
+
+    def fim_stop_ids(self, stop_ids=()) -> tuple[int, ...]:
+        """stop_ids for a fill-in-the-middle request: the middle also ends at the FIM family's markers."""
+        return tuple(sorted(set(stop_ids) | self.fim.ends))
 
     def stream_ids(self, prompt_ids: list[int], on_token=None, outbox=None, **options) -> Stream:
         return self._submit(token_ids(prompt_ids, self.vocab_size), self.options(**options), on_token, outbox)

@@ -322,8 +322,8 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
     if max_tokens is None:
         max_tokens = min(COMPLETION_DEFAULT_MAX_TOKENS, room) if kind == "completion" else room
     options["max_new_tokens"] = max_tokens
-    if kind == "completion" and body.get("suffix") not in (None, ""):   # the middle also ends at the FIM markers
-        options["stop_ids"] = tuple(sorted(set(options["stop_ids"]) | gen.fim.ends))
+    if kind == "completion" and body.get("suffix") not in (None, ""):
+        options["stop_ids"] = gen.fim_stop_ids(options["stop_ids"])
     label = options["policy"] if options["policy"] == "target" else f"{options['policy']}@{options['drafter']}"
     timeout = timeout if timeout is not None else limits.request_timeout
     return ParsedRequest(kind, model, prompt_ids, options, stream, include_usage, timeout, label)

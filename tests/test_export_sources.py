@@ -4,6 +4,8 @@ transformers' extensions or that do not render, end-of-turn tokens added to the 
 
 import json
 
+import numpy as np
+
 import pytest
 from safetensors.torch import load_file, save_file
 
@@ -121,23 +123,34 @@ def test_only_special_tokens_are_added_as_end_of_turn():
     assert _eos_ids(None, {}, fast) == ([3, 2], ["<|im_end|> (2)"])
 
 
-@pytest.mark.parametrize("max_window_layers,refused", [(2, False), (1, True)])
-def test_qwen2_sliding_window_counts_only_where_a_layer_uses_it(tmp_path, max_window_layers, refused):
-    """use_sliding_window with max_window_layers >= the layer count: every layer attends fully (transformers'
-    layer_types), so a max_seq_len beyond the window is fine; with a sliding layer it is refused."""
-    import transformers
+@pytest.mark.parametrize("arch,settings,sliding", [
+    ("qwen2", {"use_sliding_window": True, "max_window_layers": 2}, []),      # every layer attends fully
+    ("qwen2", {"use_sliding_window": True, "max_window_layers": 1}, [1]),
+    ("qwen2", {"use_sliding_window": False, "max_window_layers": 0}, []),
+    ("mistral", {}, [0, 1])])
+def test_sliding_windows_apply_to_the_layers_transformers_applies_them_to(tmp_path, arch, settings, sliding):
+    """A window of 6 with max_seq_len 64: the export check (17 tokens) and 40 teacher-forced tokens here compare
+    with transformers itself; a sliding layer sees only the last 6 positions."""
+    import torch
 
-    settings = {**tm.make_config("qwen2", 260).to_dict(), "use_sliding_window": True, "sliding_window": 32,
-                "max_window_layers": max_window_layers, "layer_types": None}
-    config = transformers.Qwen2Config(**settings)
-    assert ("sliding_attention" in config.layer_types) is refused
-    src = tm.save(transformers.Qwen2ForCausalLM(config).eval(), tm.byte_tokenizer(), tmp_path / "swa")
-    if refused:
-        with pytest.raises(ExportError, match="exceeds the sliding window 32"):
-            _export(src, tmp_path / "out")
-    else:
-        _export(src, tmp_path / "out")
-        assert load(tmp_path / "out").generate("ab", max_new_tokens=4, ignore_eos=True).stats.new_tokens == 4
+    from conftest import cursor_of
+
+    base = {**tm.make_config(arch, 260).to_dict(), "sliding_window": 6, "layer_types": None, **settings}
+    config = type(tm.make_config(arch, 260))(**base)
+    assert [i for i, kind in enumerate(getattr(config, "layer_types", None) or []) if kind == "sliding_attention"] in (
+        sliding, [])
+    reference = tm.make_model_from(config, seed=3)
+    src = tm.save(reference, tm.byte_tokenizer(), tmp_path / "swa")
+    for attention in ("gqa", "standard"):
+        out = tmp_path / attention
+        _export(src, out, attention=attention)
+        entry = load(out).manifest["models"]["target"]
+        assert entry["spec"]["sliding_layers"] == sliding and entry["spec"]["sliding_window"] == (6 if sliding else 0)
+        cursor, ids = cursor_of(out, "target"), list(range(3, 43))
+        ours = np.concatenate([cursor.feed(ids[at:at + 8]).copy() for at in range(0, len(ids), 8)])
+        with torch.no_grad():
+            expected = reference(torch.tensor([ids])).logits[0, :, :ours.shape[1]].numpy()
+        np.testing.assert_allclose(ours, expected, atol=2e-4)
 
 
 @pytest.mark.parametrize("max_seq_len,exported", [(64, True), (1024, False)])
@@ -167,3 +180,67 @@ def test_a_mistyped_path_beside_its_folder_is_not_tried_as_a_hub_id(tmp_path, mo
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ExportError, match=r"models/qwen-typo: no such file or folder in models/"):
         _export("models/qwen-typo", tmp_path / "out")
+
+
+YARN = [{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1e6},  # Qwen2.5
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 1e4,
+         "beta_fast": 16, "truncate": False},
+        {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 64, "rope_theta": 1e4,
+         "mscale": 1.0, "mscale_all_dim": 0.707},
+        {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, "rope_theta": 1e4,
+         "attention_factor": 1.5}]
+
+
+@pytest.mark.parametrize("rope", YARN)
+def test_yarn_frequencies_and_attention_factor_are_transformers_own(rope):
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from specedge.models.spec import rope_attention_factor, rope_from_config, rope_inv_freq
+
+    config = transformers.Qwen2Config(**{**tm.make_config("qwen2", 260).to_dict(), "rope_parameters": rope})
+    inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    ours = rope_from_config(config.to_dict())
+    np.testing.assert_allclose(rope_inv_freq(ours, 16), inv_freq.numpy(), rtol=1e-6, atol=0)
+    assert rope_attention_factor(ours) == pytest.approx(factor, rel=1e-12)
+
+
+@pytest.mark.parametrize("attention", ["gqa", "standard"])
+def test_yarn_rope_exports_and_matches_transformers(tmp_path, attention):
+    """max_seq_len 256, four times the original 64 positions: the export check compares every graph with
+    transformers itself (cos and sin carry YaRN's attention factor)."""
+    import transformers
+
+    base = tm.make_config("qwen2", 260).to_dict()
+    config = transformers.Qwen2Config(**{**base, "rope_parameters": YARN[1]})
+    src = tm.save(tm.make_model_from(config, seed=4), tm.byte_tokenizer(), tmp_path / "yarn")
+    export_bundle(str(src), None, tmp_path / "out", max_seq_len=256, max_draft=4, attention=attention,
+                  progress=None)
+    entry = load(tmp_path / "out").manifest["models"]["target"]
+    assert entry["spec"]["rope"]["type"] == "yarn" and entry["export_check"]["max_abs_logit_error"] < 1e-3
+
+
+def test_gemma3_image_and_text_checkpoint_exports_its_language_model(tmp_path):
+    """Gemma 3 from 4B up ships as Gemma3ForConditionalGeneration (a vision tower beside the language model): the
+    language model exports alone and its logits on text are the whole model's (checked against it here)."""
+    import torch
+    import transformers
+
+    from conftest import cursor_of
+
+    text = {**tm.make_config("gemma3", 260).to_dict(), "vocab_size": 260}
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                       image_token_index=259, boi_token_index=257, eoi_token_index=258)
+    torch.manual_seed(5)
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    src = tm.save(model, tm.byte_tokenizer(), tmp_path / "gemma3-mm")
+    _export(src, tmp_path / "out")
+    entry = load(tmp_path / "out").manifest["models"]["target"]
+    assert entry["architecture"] == "Gemma3ForCausalLM" and entry["export_check"]["max_abs_logit_error"] < 1e-3
+    cursor, ids = cursor_of(tmp_path / "out", "target"), list(range(3, 27))
+    ours = np.concatenate([cursor.feed(ids[at:at + 8]).copy() for at in range(0, len(ids), 8)])
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([ids])).logits[0, :, :ours.shape[1]].numpy()
+    np.testing.assert_allclose(ours, expected, atol=2e-4)

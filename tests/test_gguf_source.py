@@ -1,4 +1,4 @@
-"""A GGUF file as the source: a tiny Qwen2 written with the gguf package (f32 and Q8_0 tensors)."""
+"""A GGUF file as the source: a tiny Qwen2 and a tiny Qwen3 written with the gguf package (f32 and Q8_0 tensors)."""
 
 import gguf
 import numpy as np
@@ -20,6 +20,7 @@ LAYER = {
     "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
 }
 
 
@@ -30,15 +31,18 @@ def _gguf_name(name: str) -> str:
     return f"blk.{i}.{LAYER[rest]}"
 
 
-def write_gguf(model, path, quantize: bool):
+def write_gguf(model, path, quantize: bool, tensors: bool = True):
     cfg = model.config
-    w = gguf.GGUFWriter(str(path), "qwen2")
+    w = gguf.GGUFWriter(str(path), cfg.model_type)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
+    if getattr(cfg, "head_dim", None):
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"] if hasattr(cfg, "rope_parameters") else cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     tokens = [*sorted(pre_tokenizers.ByteLevel.alphabet()), "Ġt", tm.EOS]
@@ -49,7 +53,7 @@ def write_gguf(model, path, quantize: bool):
     w.add_token_merges(["Ġ t"])
     w.add_eos_token_id(len(tokens) - 1)
     w.add_bos_token_id(len(tokens) - 1)
-    for name, tensor in model.state_dict().items():
+    for name, tensor in model.state_dict().items() if tensors else ():
         array = tensor.float().numpy()
         if quantize and array.ndim == 2:
             w.add_tensor(_gguf_name(name), gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0),
@@ -84,3 +88,34 @@ def test_gguf_f32_export_matches_transformers(gguf_models):
     assert spec.tokens == base.tokens
     assert spec.stats.acceptance_per_position[0] > 0.5       # the Q8_0 draft mostly agrees with its f32 self
     assert gen.manifest["eos_token_ids"] == [257]
+
+
+def test_gguf_qwen3_export_matches_transformers(tmp_path):
+    """Qwen3's per-head q/k norms through the GGUF loader (attn_q_norm / attn_k_norm). transformers' GGUF config
+    for qwen3 does not read the head size and takes Qwen3Config's 128, which every Qwen3 dense model has."""
+    model = tm.make_model("qwen3", 258, seed=22)
+    assert model.config.head_dim == 24                              # the tiny config's; GGUF needs the real 128
+    config = model.config
+    config.head_dim, config.attention_bias, config.tie_word_embeddings = 128, False, False
+    model = tm.make_model_from(config, seed=22)
+    write_gguf(model, tmp_path / "q3-f32.gguf", quantize=False)
+    write_gguf(model, tmp_path / "q3-q8.gguf", quantize=True)
+    gen = load(export_bundle(str(tmp_path / "q3-f32.gguf"), str(tmp_path / "q3-q8.gguf"), tmp_path / "bundle",
+                             max_seq_len=64, progress=None))
+    for role in ("target", "draft"):
+        entry = gen.manifest["models"][role]
+        assert entry["architecture"] == "Qwen3ForCausalLM" and entry["spec"]["qk_norm"]
+        assert entry["export_check"]["max_abs_logit_error"] < 1e-3
+    base = gen.generate("the cat", max_new_tokens=32, k=0, ignore_eos=True)
+    assert gen.generate("the cat", max_new_tokens=32, k=4, ignore_eos=True).tokens == base.tokens
+
+
+def test_gemma_from_a_gguf_file_is_refused_before_its_weights_load(tmp_path):
+    """transformers' GGUF reader drops Gemma 3's rope scaling and the 27B models' query scale: a Gemma GGUF is one
+    clear error (export from the Hugging Face folder), not a bundle checked against the same wrong model."""
+    from specedge.errors import ExportError
+
+    write_gguf(tm.make_model("gemma2", 260, seed=1), tmp_path / "gemma.gguf", quantize=False, tensors=False)
+    with pytest.raises(ExportError, match="Gemma2ForCausalLM from a GGUF file is not supported.*Hugging Face folder"):
+        export_bundle(str(tmp_path / "gemma.gguf"), None, tmp_path / "bundle", max_seq_len=64, progress=None)
+    assert not (tmp_path / "bundle").exists()

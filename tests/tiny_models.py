@@ -40,7 +40,9 @@ def word_tokenizer(n_words: int) -> transformers.PreTrainedTokenizerFast:
 
 
 def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, seed: int = 0):
-    """Configs exercising GQA, q/k/v biases, tied and untied heads, and rope scaling."""
+    """Configs exercising GQA, q/k/v and o biases, tied and untied heads, rope scaling, a head_dim other than
+    hidden / heads, per-head q/k norms (qwen3, gemma3), soft-capping (gemma2), sliding windows and a rope per layer
+    type (gemma3)."""
     common = dict(vocab_size=vocab_rows, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                   num_attention_heads=4, max_position_embeddings=512)
     if arch == "qwen2":
@@ -51,6 +53,18 @@ def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, s
                                                       "high_freq_factor": 4.0,
                                                       "original_max_position_embeddings": 64},
                                         **common)
+    if arch == "qwen3":
+        return transformers.Qwen3Config(num_key_value_heads=2, head_dim=24, tie_word_embeddings=True,
+                                        attention_bias=True, rope_theta=1000000.0, **common)
+    if arch == "gemma2":   # window 6: the export check's 17 tokens and the tests' prompts run past it
+        return transformers.Gemma2Config(num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=6,
+                                         attn_logit_softcapping=5.0, final_logit_softcapping=3.0, **common)
+    if arch == "gemma3":
+        rope = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+        return transformers.Gemma3TextConfig(num_key_value_heads=1, head_dim=24, query_pre_attn_scalar=16,
+                                             sliding_window=6, layer_types=["sliding_attention", "full_attention"],
+                                             rope_parameters=rope, **common)
     if arch == "mistral":
         return transformers.MistralConfig(num_key_value_heads=1, tie_word_embeddings=False, sliding_window=None,
                                           **common)
@@ -60,10 +74,15 @@ def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, s
 
 
 def make_model(arch: str, vocab_rows: int, seed: int, layers: int = 2, hidden: int = 64, init_scale: float = 0.3):
-    torch.manual_seed(seed)
     cfg = make_config(arch, vocab_rows, layers, hidden)
     cfg.initializer_range = init_scale    # larger than the default: peaked, varied greedy output
     cfg.bos_token_id = cfg.eos_token_id = cfg.pad_token_id = min(256, vocab_rows - 1)
+    return make_model_from(cfg, seed)
+
+
+def make_model_from(cfg, seed: int):
+    """Random weights for a config (make_config's, perhaps changed), norms and biases varied too."""
+    torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():  # init leaves norms at 1 and biases at 0; vary them so mapping mistakes show
         for name, p in model.named_parameters():

@@ -215,9 +215,6 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     architecture, family = architecture_of(cfg)
     spec = family.spec_from_config(cfg, architecture)
     spec.vocab_size = vocab_size
-    window = family.sliding_window(cfg)
-    if window and max_seq_len > window:
-        raise ExportError(f"{role}: max_seq_len {max_seq_len} exceeds the sliding window {window} (not supported)")
     if spec.family == "gpt2" and max_seq_len > spec.max_position_embeddings:
         raise ExportError(f"{role}: max_seq_len {max_seq_len} exceeds its {spec.max_position_embeddings} positions")
     if spec.rope.get("type") == "dynamic":

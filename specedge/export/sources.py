@@ -24,6 +24,7 @@ class Source:
     extra: dict            # more from_pretrained kwargs (gguf_file)
     config: dict
     tokenizer: object      # transformers tokenizer (fast)
+    text_of: str = ""      # the multimodal architecture whose language model this source is ("": none)
 
     def load_model(self):
         """-> transformers PreTrainedModel, fp32, eval mode (the weights, and the export reference)."""
@@ -42,7 +43,7 @@ class Source:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise ExportError(f"cannot load weights of {self.description}: the checkpoint lacks (or has the wrong "
                               f"shape for) {', '.join(map(str, missing[:3]))}{more}; nothing was written")
-        return model.eval()
+        return _language_model(model) if self.text_of else model.eval()
 
     def eos_token_ids(self, model) -> tuple[list[int], list[str]]:
         """-> (every id generation stops at, the end-of-turn tokens among them that the source does not declare)"""
@@ -90,7 +91,40 @@ def open_source(src: str) -> Source:
         mapping = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
         name = mapping.get(cfg.get("model_type"))
         cfg["architectures"] = [name] if name else []
-    return Source(src, kind, where, extra, cfg, tokenizer)
+    cfg, text_of = _text_config(cfg)
+    gemma = [name for name in cfg["architectures"] if name.startswith("Gemma")]
+    if kind == "gguf" and gemma:
+        # transformers' GGUF reader leaves out Gemma 3's rope scaling (4B and up) and the 27B models' query scale:
+        # the export check would compare with the same wrong model
+        raise ExportError(f"{src}: {gemma[0]} from a GGUF file is not supported (transformers' GGUF reader drops "
+                          "some of its settings); export it from its Hugging Face folder")
+    return Source(src, kind, where, extra, cfg, tokenizer, text_of)
+
+
+# image-and-text checkpoints whose language model exports alone: architecture -> that model's architecture
+MULTIMODAL = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+
+
+def _text_config(cfg: dict) -> tuple[dict, str]:
+    """A multimodal config -> (its language model's config, the multimodal architecture); others unchanged."""
+    found = [name for name in cfg["architectures"] if name in MULTIMODAL]
+    if not found:
+        return cfg, ""
+    text = {**cfg["text_config"], "architectures": [MULTIMODAL[found[0]]]}
+    for key in ("eos_token_id", "tie_word_embeddings"):         # set on the whole model, not its text part
+        text[key] = cfg.get(key, text.get(key))
+    return text, found[0]
+
+
+def _language_model(model):
+    """Gemma 3's image-and-text model -> a Gemma3ForCausalLM sharing its language model and head: the same logits
+    for text (the image tokens' bidirectional attention never applies), the weight names of the text-only one."""
+    import transformers
+
+    text = transformers.Gemma3ForCausalLM(model.config.text_config)
+    text.model, text.lm_head = model.model.language_model, model.lm_head
+    text.generation_config = model.generation_config
+    return text.eval()
 
 
 def _eos_ids(model, cfg: dict, tokenizer) -> tuple[list[int], list[str]]:

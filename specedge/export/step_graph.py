@@ -52,7 +52,7 @@ from onnx import TensorProto
 
 from specedge.export.onnx_builder import GraphBuilder
 from specedge.export.quantize import Quantization, quantize
-from specedge.models.spec import ModelSpec, rope_inv_freq
+from specedge.models.spec import ModelSpec, rope_attention_factor, rope_inv_freq
 
 ATTENTION_VARIANTS = {"gqa": "static-kv-gqa-v3", "standard": "static-kv-standard-v1"}
 MAX_BATCH = {"gqa": 1, "standard": None}        # rows one call may carry (None: any)
@@ -93,19 +93,18 @@ class StepGraph:
         self.past = [(b.input(f"past_key.{i}", self.float, kv_shape),
                       b.input(f"past_value.{i}", self.float, kv_shape))
                      for i in range(spec.num_layers)]
+        self._window_visible = None
         if self.gqa:
             self._extra_row()
         else:
             self.visible = self._visibility()
             first = b.op("Gather", self.positions, b.const([0]), axis=1)                             # [B, 1]
             self.write_index = b.op("Squeeze", first, b.const([1]))                                # [B]
-        if not spec.rope:
-            self.cos_sin = None
-        elif self.gqa:
-            self.cos_sin = self._rope_caches()
-        else:
-            self.cos_sin = self._rope_tables()
-        self.scale = b.const(np.float32(1.0 / np.sqrt(spec.head_dim)), np.float32, "attn_scale", keep=True)
+        ropes = {"": spec.rope, "local": spec.rope_local} if spec.rope_local else {"": spec.rope}
+        tables = self._rope_caches if self.gqa else self._rope_tables
+        self.cos_sin = {key: tables(rope, key) for key, rope in ropes.items()} if spec.rope else {}
+        self.scale_value = spec.attention_scale or float(1.0 / np.sqrt(spec.head_dim))
+        self.scale = b.const(np.float32(self.scale_value), np.float32, "attn_scale", keep=True)
         self.masked = b.const(np.float32(np.finfo(np.float32).min), np.float32, "masked", keep=True)
 
     def _last_row(self, x: str) -> str:
@@ -120,6 +119,17 @@ class StepGraph:
         rows = b.op("Tile", pos, b.const([1, self.query_rows]))                           # [B, R*T]: row g*T + t
         visible = b.op("LessOrEqual", slots, b.op("Unsqueeze", rows, b.const([2])))     # [B, R*T, S]
         return b.op("Unsqueeze", visible, b.const([1]))                                   # [B, 1, R*T, S]
+
+    def _window_visibility(self) -> str:
+        """standard, a sliding layer: slot j is visible to a query at position p iff p - window < j <= p (the last
+        `window` positions, its own included, as transformers) -> [B, 1, R*T, S]; made once, shared by the layers."""
+        if self._window_visible is None:
+            b = self.b
+            slots = b.const(np.arange(self.kv_slots).reshape(1, 1, 1, -1), hint="slots4")        # [1, 1, 1, S]
+            rows = b.op("Tile", self.positions, b.const([1, self.query_rows]))                    # [B, R*T]
+            oldest = b.op("Sub", b.op("Unsqueeze", rows, b.const([1, 3])), b.const(self.spec.sliding_window))
+            self._window_visible = b.op("And", self.visible, b.op("Greater", slots, oldest))      # [B, 1, R*T, S]
+        return self._window_visible
 
     def _extra_row(self) -> None:
         """GroupQueryAttention sees T + 1 rows: its rows are bitwise independent of the row count only from
@@ -143,28 +153,40 @@ class StepGraph:
         """x [B, T, C] -> [B, T + 1, C], the last row repeated (see _extra_row)."""
         return self.b.op("Concat", x, self._last_row(x), axis=1)
 
-    def _rope_tables(self) -> tuple[str, str]:
+    def _layer_cos_sin(self, layer: int) -> tuple[str, str] | None:
+        """The rope tables of a layer: a sliding layer's own where the model has them (Gemma 3), else the one."""
+        local = layer in self.spec.sliding_layers and "local" in self.cos_sin
+        return self.cos_sin.get("local" if local else "")
+
+    def _rope_tables(self, rope: dict, key: str) -> tuple[str, str]:
         """standard: cos/sin of each row's angles, computed from its position [B, 1, T, D/2]."""
-        b = self.b
-        inv_freq = b.weight("rope.inv_freq", rope_inv_freq(self.spec.rope, self.spec.head_dim).reshape(1, 1, -1),
+        b, name = self.b, f"rope{'.' + key if key else ''}"
+        inv_freq = b.weight(f"{name}.inv_freq", rope_inv_freq(rope, self.spec.head_dim).reshape(1, 1, -1),
                             keep=True)                                                    # angles in float32
         pos = b.op("Unsqueeze", b.op("Cast", self.positions, to=TensorProto.FLOAT), b.const([2]))  # [B, T, 1]
         freqs = b.op("Mul", pos, inv_freq)                                                # [B, T, D/2]
         axis = b.const([1])
-        cos, sin = b.from_float32(b.op("Cos", freqs)), b.from_float32(b.op("Sin", freqs))
+        cos, sin = b.op("Cos", freqs), b.op("Sin", freqs)
+        scale = rope_attention_factor(rope)
+        if scale != 1.0:                                                                  # YaRN: in float32, as HF
+            factor = b.const(np.float32(scale), np.float32, f"{name}_scale", keep=True)
+            cos, sin = b.op("Mul", cos, factor), b.op("Mul", sin, factor)
+        cos, sin = b.from_float32(cos), b.from_float32(sin)
         return b.op("Unsqueeze", cos, axis), b.op("Unsqueeze", sin, axis)
 
-    def _rope_caches(self) -> tuple[str, str]:
+    def _rope_caches(self, rope: dict, key: str) -> tuple[str, str]:
         """gqa: cos/sin of every slot's angles [S, D/2], for com.microsoft.RotaryEmbedding: one node per
         q or k instead of a dozen. The angles are float32 products, as in transformers."""
-        b = self.b
-        inv_freq = rope_inv_freq(self.spec.rope, self.spec.head_dim).astype(np.float32)
+        b, name = self.b, f"rope{'.' + key if key else ''}"
+        inv_freq = rope_inv_freq(rope, self.spec.head_dim).astype(np.float32)
         freqs = np.arange(self.kv_slots, dtype=np.float32)[:, None] * inv_freq[None, :]     # the extra row's too
-        return b.weight("rope.cos_cache", np.cos(freqs)), b.weight("rope.sin_cache", np.sin(freqs))
+        scale = np.float32(rope_attention_factor(rope))                      # YaRN's; 1 (exact) otherwise
+        return (b.weight(f"{name}.cos_cache", np.cos(freqs) * scale),
+                b.weight(f"{name}.sin_cache", np.sin(freqs) * scale))
 
-    def _rotate(self, x: str) -> str:
+    def _rotate(self, x: str, cos_sin: tuple[str, str]) -> str:
         """HF's rotate-half RoPE on x [B, H, T, D] (standard)."""
-        b, (cos, sin) = self.b, self.cos_sin
+        b, (cos, sin) = self.b, cos_sin
         x1, x2 = b.op("Split", x, axis=-1, num_outputs=2, n_out=2)
         first = b.op("Sub", b.op("Mul", x1, cos), b.op("Mul", x2, sin))
         second = b.op("Add", b.op("Mul", x2, cos), b.op("Mul", x1, sin))
@@ -258,18 +280,53 @@ class StepGraph:
         self.b.output(present_k, f"present_key.{layer}", self.float, kv_shape)
         self.b.output(present_v, f"present_value.{layer}", self.float, kv_shape)
 
-    def attention(self, layer: int, qkv: str) -> str:
+    def rms_norm(self, x: str, name: str, weight: np.ndarray) -> str:
+        """RMSNorm over x's last axis, weight [that width]; in float32 whatever the graph's dtype (a half-precision
+        sum of squares overflows)."""
+        b = self.b
+        w = b.weight(name, weight, keep=True)
+        two = b.const(2.0, dtype="float32", hint="two", keep=True)
+        x = b.to_float32(x)
+        variance = b.op("ReduceMean", b.op("Pow", x, two), b.const([-1]), keepdims=1)
+        eps = b.const(self.spec.norm_eps, dtype="float32", hint="eps", keep=True)
+        return b.from_float32(b.op("Mul", b.op("Div", x, b.op("Sqrt", b.op("Add", variance, eps))), w))
+
+    def gelu(self, x: str, exact: bool) -> str:
+        """0.5 x (1 + erf(x / sqrt 2)), or its tanh approximation (gelu_new, gelu_pytorch_tanh)."""
+        b = self.b
+        half = b.const(0.5, dtype="float32", hint="half")
+        one = b.const(1.0, dtype="float32", hint="one")
+        if exact:
+            inner = b.op("Erf", b.op("Mul", x, b.const(1 / np.sqrt(2.0), dtype="float32")))
+        else:
+            cube = b.op("Mul", b.op("Mul", x, x), x)
+            poly = b.op("Add", x, b.op("Mul", cube, b.const(0.044715, dtype="float32")))
+            inner = b.op("Tanh", b.op("Mul", poly, b.const(np.sqrt(2.0 / np.pi), dtype="float32")))
+        return b.op("Mul", b.op("Mul", x, half), b.op("Add", inner, one))
+
+    def _head_norm(self, x: str, name: str, weight: np.ndarray) -> str:
+        """RMSNorm of each head: x [B, T, n*D] -> [B, T, n*D], weight [D]."""
+        b, d = self.b, self.spec.head_dim
+        heads = b.op("Reshape", x, b.const([0, 0, -1, d]))                              # [B, T, n, D]
+        return b.op("Reshape", self.rms_norm(heads, name, weight), b.const([0, 0, -1]))
+
+    def attention(self, layer: int, qkv: str, head_norms: list[tuple[str, np.ndarray]] | None = None) -> str:
         """qkv [B, T, (H + 2 H_kv)*D], the fused projection -> context [B, T, H*D]; writes layer's K/V in
-        place (present_*). gqa adds its extra row here, once for q, k and v."""
+        place (present_*). gqa adds its extra row here, once for q, k and v. head_norms: [(name, weight [D])] of
+        an RMSNorm of each q head and each k head before RoPE (Qwen3)."""
         b, s = self.b, self.spec
         if self.extra_row:
             qkv = self._with_extra_row(qkv)
         q, k, v = self.split(qkv, [s.num_heads * s.head_dim] + [s.num_kv_heads * s.head_dim] * 2)
+        if head_norms:
+            (q_name, q_weight), (k_name, k_weight) = head_norms
+            q, k = self._head_norm(q, q_name, q_weight), self._head_norm(k, k_name, k_weight)
         if self.gqa:
             return self._attention_gqa(layer, q, k, v)
         q, k, v = self._heads(q, s.num_heads), self._heads(k, s.num_kv_heads), self._heads(v, s.num_kv_heads)
-        if self.cos_sin:
-            q, k = self._rotate(q), self._rotate(k)
+        cos_sin = self._layer_cos_sin(layer)
+        if cos_sin:
+            q, k = self._rotate(q, cos_sin), self._rotate(k, cos_sin)
         past_k, past_v = self.past[layer]
         # present_* are TensorScatter's own outputs (no Identity): onnxruntime writes in place only then
         keys = b.op("TensorScatter", past_k, k, self.write_index, axis=2,
@@ -282,7 +339,11 @@ class StepGraph:
             q = b.op("Concat", q, q, axis=2)                                              # [B, H, 2T, D]
         scores = b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 3, 2]))            # [B, Hkv, R*T, S]
         scores = b.op("Mul", b.to_float32(scores), self.scale)                             # softmax in float32
-        scores = b.op("Where", self.visible, scores, self.masked)
+        if s.attn_softcap:                                                                # Gemma 2: cap * tanh(x / cap)
+            cap = b.const(np.float32(s.attn_softcap), np.float32, "attn_softcap", keep=True)
+            scores = b.op("Mul", b.op("Tanh", b.op("Div", scores, cap)), cap)
+        visible = self._window_visibility() if layer in s.sliding_layers else self.visible
+        scores = b.op("Where", visible, scores, self.masked)
         context = b.op("MatMul", b.from_float32(b.op("Softmax", scores, axis=-1)), values)  # [B, Hkv, R*T, D]
         if self.groups == 1:
             context = b.op("Split", context, axis=2, num_outputs=2, n_out=2)[0]            # [B, H, T, D]
@@ -292,8 +353,9 @@ class StepGraph:
 
     def _attention_gqa(self, layer: int, q: str, k: str, v: str) -> str:
         b, s = self.b, self.spec
-        if self.cos_sin:
-            cos, sin = self.cos_sin
+        cos_sin = self._layer_cos_sin(layer)
+        if cos_sin:
+            cos, sin = cos_sin
             q = b.op("RotaryEmbedding", q, self.attention_positions, cos, sin, domain="com.microsoft",
                      interleaved=0, num_heads=s.num_heads)                                # [B, T + 1, H*D]
             k = b.op("RotaryEmbedding", k, self.attention_positions, cos, sin, domain="com.microsoft",
@@ -304,7 +366,8 @@ class StepGraph:
         context, present_k, present_v = b.op(
             "GroupQueryAttention", q, k, v, past_k, past_v, self.seqlens_k, self.total_length, n_out=3,
             out_names=[None, *present], domain="com.microsoft", num_heads=s.num_heads, kv_num_heads=s.num_kv_heads,
-            scale=float(1.0 / np.sqrt(s.head_dim)))
+            scale=self.scale_value, softcap=float(s.attn_softcap),
+            local_window_size=s.sliding_window if layer in s.sliding_layers else -1)
         self._present(layer, present_k, present_v)
         if self.extra_row:
             context = b.op("Slice", context, b.const([0]), b.const([-1]), b.const([1]))   # drops the extra row
@@ -322,7 +385,8 @@ class StepGraph:
         # outputs are their nodes' own tensors: an Identity before a graph output that is also read (by ArgMax)
         # stays in the optimized graph, a copy of the logits every step
         half = self.float != TensorProto.FLOAT            # a half-precision graph's logits come out as float32
-        named = None if half else "logits"
+        capped = bool(self.spec.logit_softcap)           # Gemma 2: cap * tanh(x / cap), in float32
+        named = None if half or capped else "logits"
         if self.quantization is not None:
             logits = self._matmul_nbits(rows, "lm_head", head, out=named)                 # [B, n, V]
         elif self.transposed_head:
@@ -335,7 +399,10 @@ class StepGraph:
             shape = b.op("Concat", b.op("Shape", self.logit_rows), b.const([v]), axis=0)
             logits = b.op("Reshape", logits, shape, out_names=[named])
         if half:
-            logits = b.op("Cast", logits, to=TensorProto.FLOAT, out_names=["logits"])
+            logits = b.op("Cast", logits, to=TensorProto.FLOAT, out_names=[None if capped else "logits"])
+        if capped:
+            cap = b.const(np.float32(self.spec.logit_softcap), np.float32, "logit_softcap", keep=True)
+            logits = b.op("Mul", b.op("Tanh", b.op("Div", logits, cap)), cap, out_names=["logits"])
         b.output(logits, "logits", TensorProto.FLOAT, ["batch", "logit_rows", v])
         ids = b.op("ArgMax", logits, axis=-1, keepdims=0, select_last_index=0, out_names=["ids"])   # [B, n]
         b.output(ids, "ids", TensorProto.INT64, ["batch", "logit_rows"])

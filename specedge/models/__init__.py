@@ -9,13 +9,16 @@ from __future__ import annotations
 from types import ModuleType
 
 from specedge.errors import ExportError
-from specedge.models import gpt2, llama
+from specedge.models import gemma, gpt2, llama
 
 ARCHITECTURES: dict[str, ModuleType] = {
     "LlamaForCausalLM": llama,
     "MistralForCausalLM": llama,
     "Qwen2ForCausalLM": llama,
+    "Qwen3ForCausalLM": llama,
     "GPT2LMHeadModel": gpt2,
+    "Gemma2ForCausalLM": gemma,
+    "Gemma3ForCausalLM": gemma,
 }
 
 

@@ -30,10 +30,6 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
     )
 
 
-def sliding_window(cfg: dict) -> int | None:
-    return None
-
-
 def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     b, e, f = graph.b, spec.hidden_size, spec.intermediate_size
 
@@ -48,17 +44,6 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         bias = b.weight(f"{prefix}.bias", weights.take(f"{prefix}.bias", (e,)), keep=True)
         return b.from_float32(b.op("LayerNormalization", b.to_float32(x), w, bias, axis=-1, epsilon=spec.norm_eps))
 
-    def gelu(x: str) -> str:
-        half = b.const(0.5, dtype="float32", hint="half")
-        one = b.const(1.0, dtype="float32", hint="one")
-        if spec.activation == "gelu":
-            inner = b.op("Erf", b.op("Mul", x, b.const(1 / np.sqrt(2.0), dtype="float32")))
-        else:  # tanh approximation
-            cube = b.op("Mul", b.op("Mul", x, x), x)
-            poly = b.op("Add", x, b.op("Mul", cube, b.const(0.044715, dtype="float32")))
-            inner = b.op("Tanh", b.op("Mul", poly, b.const(np.sqrt(2.0 / np.pi), dtype="float32")))
-        return b.op("Mul", b.op("Mul", x, half), b.op("Add", inner, one))
-
     wte_rows = weights.take("transformer.wte.weight", (spec.vocab_rows, e))[: spec.vocab_size]
     tokens, wte = graph.embedding("transformer.wte.weight", wte_rows, graph.ids)
     wpe = b.weight("transformer.wpe.weight", weights.take("transformer.wpe.weight", (spec.max_position_embeddings, e)))
@@ -72,7 +57,7 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         qkv = conv1d(layer_norm(x, f"{p}.ln_1"), f"{p}.attn.c_attn", e, 3 * e)
         context = graph.attention(i, qkv)
         x = b.op("Add", x, conv1d(context, f"{p}.attn.c_proj", e, e))
-        h = gelu(conv1d(layer_norm(x, f"{p}.ln_2"), f"{p}.mlp.c_fc", e, f))
+        h = graph.gelu(conv1d(layer_norm(x, f"{p}.ln_2"), f"{p}.mlp.c_fc", e, f), exact=spec.activation == "gelu")
         x = b.op("Add", x, conv1d(h, f"{p}.mlp.c_proj", f, e))
     weights.drop("lm_head.weight")
     graph.logits(layer_norm(x, "transformer.ln_f"), wte_rows, tied_embedding=wte)

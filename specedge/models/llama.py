@@ -1,6 +1,9 @@
-"""Llama-family decoders (Llama, Mistral, Qwen2): RMSNorm, RoPE, GQA, SwiGLU, optional q/k/v biases."""
+"""Llama-family decoders (Llama, Mistral, Qwen2, Qwen3): RMSNorm, RoPE, GQA, SwiGLU, optional q/k/v biases,
+optional per-head q/k norms (Qwen3)."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from specedge.errors import ExportError
 from specedge.models.spec import ModelSpec, rope_from_config
@@ -13,6 +16,7 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
     if cfg.get("hidden_act", "silu") != "silu":
         raise ExportError(f"{architecture}: activation '{cfg.get('hidden_act')}' is not supported (only silu)")
     qkv_bias = architecture == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False))
+    window, sliding = _sliding(cfg, cfg["num_hidden_layers"])
     return ModelSpec(
         architecture=architecture, family="llama", vocab_rows=cfg["vocab_size"], hidden_size=hidden,
         num_layers=cfg["num_hidden_layers"], num_heads=heads,
@@ -22,17 +26,21 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=qkv_bias,
         o_bias=architecture != "Qwen2ForCausalLM" and bool(cfg.get("attention_bias", False)),
         mlp_bias=bool(cfg.get("mlp_bias", False)), activation="silu", rope=rope_from_config(cfg),
+        qk_norm=architecture == "Qwen3ForCausalLM", sliding_window=window, sliding_layers=sliding,
     )
 
 
-def sliding_window(cfg: dict) -> int | None:
-    """The window the graph would have to apply (it applies none: export refuses a max_seq_len beyond it)."""
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and types:          # per layer (Qwen2: only layers from max_window_layers on)
-        return cfg.get("sliding_window") if "sliding_attention" in types else None
-    if cfg.get("model_type") == "qwen2" and not cfg.get("use_sliding_window", False):
-        return None
-    return cfg.get("sliding_window")
+def _sliding(cfg: dict, layers: int) -> tuple[int, list[int]]:
+    """(window, the layers it applies to): transformers' layer_types where the config has them (Qwen2: only layers
+    from max_window_layers on), else every layer (Mistral); (0, []) for none."""
+    window, types = cfg.get("sliding_window"), cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        sliding = [i for i, kind in enumerate(types) if kind == "sliding_attention"]
+    elif cfg.get("model_type") in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+        sliding = []
+    else:
+        sliding = list(range(layers))
+    return (int(window), sliding) if window and sliding else (0, [])
 
 
 def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
@@ -47,13 +55,12 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         return graph.linear(x, *part(prefix, n_in, n_out, has_bias))
 
     def rms_norm(x: str, name: str) -> str:
-        """In float32 whatever the graph's dtype (a half-precision sum of squares overflows)."""
-        w = b.weight(name, weights.take(name, (e,)), keep=True)
-        two = b.const(2.0, dtype="float32", hint="two", keep=True)
-        x = b.to_float32(x)
-        variance = b.op("ReduceMean", b.op("Pow", x, two), b.const([-1]), keepdims=1)
-        eps = b.const(spec.norm_eps, dtype="float32", hint="eps", keep=True)
-        return b.from_float32(b.op("Mul", b.op("Div", x, b.op("Sqrt", b.op("Add", variance, eps))), w))
+        return graph.rms_norm(x, name, weights.take(name, (e,)))
+
+    def head_norms(p: str) -> list[tuple[str, np.ndarray]] | None:
+        """Qwen3: an RMSNorm of each head of q and of k before RoPE, [(name, weight [D])] for q then k."""
+        names = [f"{p}.self_attn.{which}_norm.weight" for which in ("q", "k")]
+        return [(name, weights.take(name, (d,))) for name in names] if spec.qk_norm else None
 
     embed_rows = weights.take("model.embed_tokens.weight", (spec.vocab_rows, e))[: spec.vocab_size]
     x, embed = graph.embedding("model.embed_tokens.weight", embed_rows, graph.ids)    # [B, T, E]
@@ -62,7 +69,7 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         h = rms_norm(x, f"{p}.input_layernorm.weight")
         qkv = graph.fused_linear(h, f"{p}.self_attn.qkv_proj", [part(f"{p}.self_attn.{name}_proj", e, n, spec.qkv_bias)
                                                                 for name, n in (("q", q_out), ("k", kv_out), ("v", kv_out))])
-        context = graph.attention(i, qkv)
+        context = graph.attention(i, qkv, head_norms(p))
         x = b.op("Add", x, linear(context, f"{p}.self_attn.o_proj", q_out, e, spec.o_bias))
         h = rms_norm(x, f"{p}.post_attention_layernorm.weight")
         gate_up = graph.fused_linear(h, f"{p}.mlp.gate_up_proj", [part(f"{p}.mlp.{name}_proj", e, spec.intermediate_size,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -26,6 +27,14 @@ class ModelSpec:
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False      # an RMSNorm of each q and k head before RoPE (Qwen3, Gemma 3)
+    embed_scale: float = 1.0   # embeddings times this (Gemma: sqrt(hidden_size))
+    attention_scale: float = 0.0    # scores times this; 0: 1 / sqrt(head_dim)
+    attn_softcap: float = 0.0  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2); 0: none
+    logit_softcap: float = 0.0      # logits likewise (Gemma 2); 0: none
+    sliding_window: int = 0    # the sliding layers see the last `sliding_window` positions, their own included
+    sliding_layers: list = field(default_factory=list)
+    rope_local: dict = field(default_factory=dict)    # the sliding layers' own rope (Gemma 3); empty: `rope`
     activation: str = "silu"
     rope: dict = field(default_factory=dict)   # {"type", "theta", ...}; empty for learned positions
     vocab_size: int = 0        # rows kept in the graph: the bundle vocabulary (padding rows sliced off)
@@ -57,7 +66,44 @@ def rope_inv_freq(rope: dict, head_dim: int) -> np.ndarray:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
         return np.where(medium, smoothed, scaled).astype(np.float32)
-    raise ExportError(f"rope scaling type '{kind}' is not supported (supported: default, linear, llama3)")
+    if kind == "yarn":
+        return _yarn_inv_freq(rope, inv_freq, head_dim)
+    raise ExportError(f"rope scaling type '{kind}' is not supported (supported: default, linear, llama3, yarn)")
+
+
+def _yarn_inv_freq(rope: dict, inv_freq: np.ndarray, head_dim: int) -> np.ndarray:
+    """YaRN (arxiv 2309.00071), as transformers computes it: frequencies that turn fewer than `beta_slow` times over
+    the original length are interpolated (divided by factor), those turning more than `beta_fast` times are kept,
+    a linear ramp over the dimensions between."""
+    theta, factor, original = rope["theta"], rope["factor"], rope["original_max_position_embeddings"]
+    beta_fast, beta_slow = rope.get("beta_fast") or 32, rope.get("beta_slow") or 1
+
+    def dimension(rotations: float) -> float:          # the dimension that turns `rotations` times over `original`
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dimension(beta_fast), dimension(beta_slow)
+    if rope.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = np.clip((np.arange(head_dim // 2, dtype=np.float32) - low) / (high - low), 0, 1).astype(np.float32)
+    keep = np.float32(1) - ramp                          # 1: extrapolate (keep the frequency), 0: interpolate
+    interpolated = (np.float32(1) / (np.float32(factor) / inv_freq)).astype(np.float32)
+    return (interpolated * (1 - keep) + inv_freq * keep).astype(np.float32)
+
+
+def rope_attention_factor(rope: dict) -> float:
+    """What cos and sin are multiplied by: 1, or YaRN's attention temperature (0.1 ln(factor) + 1 by default)."""
+    if rope.get("type") != "yarn":
+        return 1.0
+    if rope.get("attention_factor") is not None:
+        return float(rope["attention_factor"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 0.1 * m * math.log(scale) + 1.0 if scale > 1 else 1.0
+
+    factor, m, m_all = rope["factor"], rope.get("mscale"), rope.get("mscale_all_dim")
+    return mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
 
 
 def rope_from_config(cfg: dict) -> dict:
@@ -68,9 +114,12 @@ def rope_from_config(cfg: dict) -> dict:
     theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))
     rope = {"type": kind, "theta": float(theta)}
-    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
-        if key in params:
+    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+                "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"):
+        if params.get(key) is not None:
             rope[key] = params[key]
+    if kind == "yarn" and "factor" not in rope:       # as transformers: the ratio of the lengths (DeepSeek-V3)
+        rope["factor"] = cfg["max_position_embeddings"] / rope["original_max_position_embeddings"]
     if cfg.get("partial_rotary_factor", 1.0) != 1.0:
         raise ExportError("partial rotary embeddings are not supported")
     return rope

@@ -46,3 +46,37 @@ def test_chat_messages_span_lines_between_triple_quotes_or_after_a_backslash():
     assert read_message(read) == "unclosed"                          # EOF ends an open block
     with pytest.raises(EOFError):
         read_message(read)
+
+
+THINKING = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n"
+            "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+            "{% endif %}")
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}, {"enable_thinking": True}])
+def test_template_kwargs_render_as_transformers_passes_them(kwargs):
+    """Qwen3's switch: apply_chat_template(..., enable_thinking=False) adds an empty think block."""
+    tok = tm.byte_tokenizer(chat=True)
+    tok.chat_template = THINKING
+    messages = [{"role": "user", "content": "hi"}]
+    expected = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+    assert render_chat(THINKING, messages, None, None, kwargs) == expected
+    assert ("<think>" in expected) == (kwargs == {"enable_thinking": False})
+
+
+def test_chat_template_kwargs_reach_the_prompt_and_bad_ones_are_option_errors(good_bundle):
+    from specedge.errors import OptionError
+    from specedge.runtime import load
+
+    gen = load(good_bundle)
+    gen.chat_template = THINKING
+    messages = [{"role": "user", "content": "hi"}]
+    plain, off = gen.encode_messages(messages), gen.encode_messages(messages, {"enable_thinking": False})
+    assert gen.decode(off) == gen.decode(plain) + "<think>\n\n</think>\n\n"
+    result = gen.chat(messages, chat_template_kwargs={"enable_thinking": False}, max_new_tokens=3, ignore_eos=True)
+    assert result.stats.prompt_tokens == len(off)
+    for bad, match in [([1], "must be a dict"), ({"1x": 1}, "variable name"),
+                       ({"messages": []}, "may not set 'messages'")]:
+        with pytest.raises(OptionError, match=match):
+            gen.encode_messages(messages, bad)

@@ -237,7 +237,9 @@ def test_four_hundreds_are_in_openai_shape_and_the_server_goes_on(server):
                         ({**chat, "messages": []}, "messages"),
                         ({**chat, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
                          "messages[0].content"),
-                        ({**chat, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role")]:
+                        ({**chat, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+                        ({**chat, "chat_template_kwargs": ["x"]}, "chat_template_kwargs"),
+                        ({**chat, "chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs")]:
         assert_openai_error(post(srv, "/chat/completions", body), 400, param)
     # a lone surrogate is valid JSON but not text: a 400 naming the field, not a 500 from the tokenizer
     for path, body, param in [("/completions", b'{"model": "%s", "prompt": "\\ud800"}', "prompt"),
@@ -260,7 +262,8 @@ def test_four_hundreds_are_in_openai_shape_and_the_server_goes_on(server):
     assert ok.status_code == 200, ok.text
     ok = post(srv, "/chat/completions", {**chat, "logprobs": False, "tools": [], "tool_choice": "none",
                                          "response_format": {"type": "text"}, "max_completion_tokens": 2,
-                                         "stream": False, "store": False, "parallel_tool_calls": True})
+                                         "stream": False, "store": False, "parallel_tool_calls": True,
+                                         "chat_template_kwargs": {"enable_thinking": False}})
     assert ok.status_code == 200, ok.text
     assert health(srv)["status"] == "ok"
 

@@ -27,14 +27,18 @@ class _GenerationBlock(Extension):
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
-def render_chat(template: str, messages: list[dict], bos_token: str | None, eos_token: str | None) -> str:
+def render_chat(template: str, messages: list[dict], bos_token: str | None, eos_token: str | None,
+                template_kwargs: dict | None = None) -> str:
+    """template_kwargs: further variables the template reads (Qwen3's `enable_thinking`, as transformers'
+    apply_chat_template(**kwargs) passes them); they cannot replace messages, add_generation_prompt or the tokens."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
     env.filters["tojson"] = lambda value, indent=None, **_: json.dumps(value, indent=indent, ensure_ascii=False)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)      # as transformers provides it
     try:
-        return env.from_string(template).render(messages=messages, add_generation_prompt=True,
-                                                bos_token=bos_token or "", eos_token=eos_token or "")
+        return env.from_string(template).render(**(template_kwargs or {}), messages=messages,
+                                                add_generation_prompt=True, bos_token=bos_token or "",
+                                                eos_token=eos_token or "")
     except TemplateError as err:
         raise BundleError(f"the bundle's chat template failed: {err}") from err

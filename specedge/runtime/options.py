@@ -66,6 +66,24 @@ def token_ids(ids, vocab_size: int) -> list[int]:
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 
 
+RESERVED_TEMPLATE_NAMES = ("messages", "add_generation_prompt", "bos_token", "eos_token")
+
+
+def template_kwargs(kwargs) -> dict:
+    """Further chat-template variables: a dict of names to JSON-like values (None: none)."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise OptionError("chat_template_kwargs must be a dict of variable names to values, "
+                          f"got {type(kwargs).__name__}")
+    if not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        raise OptionError("chat_template_kwargs: every key must be a variable name")
+    taken = [k for k in kwargs if k in RESERVED_TEMPLATE_NAMES]
+    if taken:
+        raise OptionError(f"chat_template_kwargs may not set '{taken[0]}' (the runtime sets it)")
+    return dict(kwargs)
+
+
 def chat_messages(messages) -> list[dict]:
     """A conversation: a non-empty list of {"role": one of CHAT_ROLES, "content": str} ("developer" is rendered
     as "system", as OpenAI's newer name for it; an optional "name" str is kept)."""

@@ -3,7 +3,8 @@
 Every parameter OpenAI defines is either honoured, accepted at its default value (which clients send anyway),
 or refused with a 400 naming it: nothing is ignored silently. Extensions: `top_k`, `ignore_eos` (as vLLM),
 `speculation` ("off", or {"policy": "fixed:4" | "adaptive" | ..., "drafter": "model" | "ngram" | "hybrid"}) and
-`timeout` (seconds, at most the server's --request-timeout).
+`timeout` (seconds, at most the server's --request-timeout), `chat_template_kwargs` (as vLLM: further variables for
+the chat template, e.g. {"enable_thinking": false} for Qwen3).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 from specedge.errors import OptionError, SpecedgeError
 from specedge.runtime.logprobs import MAX_TOP_LOGPROBS
-from specedge.runtime.options import CHAT_ROLES, checked_text
+from specedge.runtime.options import CHAT_ROLES, checked_text, template_kwargs
 from specedge.serve.errors import APIError, invalid, unsupported
 
 MAX_STOP = 4                  # OpenAI's limit
@@ -46,7 +47,7 @@ _HONOURED = {
                    "stop_token_ids"},
     "chat": {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
              "stream", "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "top_logprobs",
-             "stop_token_ids"},
+             "stop_token_ids", "chat_template_kwargs"},
 }
 _WHY = {"n": " (one choice per request)", "best_of": " (one choice per request)",
         "tools": " (no tool calling)", "functions": " (no tool calling)", "tool_choice": " (no tool calling)",
@@ -266,7 +267,11 @@ def _chat_ids(body: dict, gen, limits: Limits) -> list[int]:
             entry["name"] = message["name"]
         rendered.append(entry)
     try:
-        return gen.encode_messages(rendered)
+        kwargs = template_kwargs(body.get("chat_template_kwargs"))
+    except OptionError as err:
+        raise invalid(str(err), "chat_template_kwargs") from err
+    try:
+        return gen.encode_messages(rendered, kwargs)
     except SpecedgeError as err:                      # the template refused these messages (e.g. role order)
         raise invalid(str(err), "messages") from err
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 import tiny_models as tm
 from conftest import TARGET_ROWS, _export
@@ -94,3 +95,31 @@ def serve_process(args: list[str], log: Path, env: dict | None = None):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def script_target(gen, reply: list[int], prompt_tokens: int) -> None:
+    """The target predicts `reply` after a prompt of `prompt_tokens` tokens, then eos: its rows at those positions
+    are replaced (one-hot logits, or the ids), so that a test can make the server see a given reply."""
+    run = gen.target.__dict__.setdefault("unscripted_run", gen.target.run)     # a new script replaces the last
+    eos = gen.manifest["eos_token_ids"][0]
+    after = {prompt_tokens - 1 + i: t for i, t in enumerate([*reply, eos])}
+
+    def scripted(starts, tokens, last, lo=0, want="logits"):
+        out = run(starts, tokens, last, lo, want)
+        forced = []
+        for b, rows in enumerate(out):
+            rows = np.array(rows, copy=True)
+            first = starts[b] + len(tokens[b]) - last[b]
+            for j in range(last[b]):
+                token = after.get(first + j)
+                if token is None:
+                    continue
+                if want == "ids":
+                    rows[j] = token
+                else:
+                    rows[j] = -1e9
+                    rows[j, token] = 0.0
+            forced.append(rows)
+        return forced
+
+    gen.target.run = scripted

@@ -23,6 +23,9 @@ def test_render_matches_transformers(template):
 def test_template_errors_are_bundle_errors():
     with pytest.raises(BundleError, match="chat template failed: no system"):
         render_chat("{{ raise_exception('no system') }}", [], None, None)
+    for broken in ["{{ 1 + 'a' }}", "{{ undefined_thing | tojson }}"]:       # Python's errors inside a template too
+        with pytest.raises(BundleError, match="chat template failed"):
+            render_chat(broken, [], None, None)
 
 
 def _lines(*lines):

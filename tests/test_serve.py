@@ -237,7 +237,7 @@ def test_four_hundreds_are_in_openai_shape_and_the_server_goes_on(server):
                         ({**chat, "messages": []}, "messages"),
                         ({**chat, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
                          "messages[0].content"),
-                        ({**chat, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+                        ({**chat, "messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
                         ({**chat, "chat_template_kwargs": ["x"]}, "chat_template_kwargs"),
                         ({**chat, "chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs")]:
         assert_openai_error(post(srv, "/chat/completions", body), 400, param)

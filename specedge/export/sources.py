@@ -139,7 +139,7 @@ def _eos_ids(model, cfg: dict, tokenizer) -> tuple[list[int], list[str]]:
     # in Qwen2.5's vocabulary "</s>" is plain text (id 128247, an HTML tag's end), and stopping there cut code
     special = set(tokenizer.all_special_tokens) | {
         t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)}
-    for text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "</s>"):
+    for text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "</s>"):
         tid = tokenizer.convert_tokens_to_ids(text) if text in special else None
         if isinstance(tid, int) and tid not in found:
             found.append(tid)

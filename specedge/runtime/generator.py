@@ -25,7 +25,7 @@ from specedge.runtime.chat import render_chat
 from specedge.runtime.fim import find_fim, fim_ids
 from specedge.runtime.manifest import read_manifest
 from specedge.runtime.options import (chat_messages, checked_text, generation_options, integer, template_kwargs,
-                                      token_ids)
+                                      token_ids, tool_definitions)
 from specedge.runtime.policies import make_policy
 from specedge.runtime.row_check import choose_min_rows
 from specedge.runtime.sampling import Warp
@@ -166,16 +166,19 @@ class Generator:
             return self.encode_messages([{"role": "user", "content": prompt}])
         return self.tokenizer.encode(prompt).ids
 
-    def encode_messages(self, messages: list[dict], chat_template_kwargs: dict | None = None) -> list[int]:
-        """A conversation ([{"role": "system" | "user" | "assistant", "content": str}, ...]) rendered by the bundle's
-        chat template, ready for the assistant's next turn. chat_template_kwargs: further variables the template
-        reads, e.g. {"enable_thinking": False} for Qwen3."""
+    def encode_messages(self, messages: list[dict], chat_template_kwargs: dict | None = None,
+                        tools: list[dict] | None = None) -> list[int]:
+        """A conversation ([{"role": "system" | "user" | "assistant" | "tool", "content": str}, ...]) rendered by the
+        bundle's chat template, ready for the assistant's next turn. chat_template_kwargs: further variables the
+        template reads, e.g. {"enable_thinking": False} for Qwen3. tools: OpenAI-style tool definitions for the
+        template to describe (`runtime.tool_calls.split_tool_calls` reads the calls back from the reply)."""
         if not self.chat_template:
             raise SpecedgeError("this bundle has no chat template (its source's tokenizer had none): "
                                 "give it plain prompts")
         tok = self.manifest["tokenizer"]
         text = render_chat(self.chat_template, chat_messages(messages), tok.get("bos_token"), tok.get("eos_token"),
-                           template_kwargs(chat_template_kwargs))
+                           template_kwargs(chat_template_kwargs), tool_definitions(tools))
+        checked_text(text, "the conversation (messages, tools and template variables)")  # a lone surrogate in any
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
@@ -208,13 +211,15 @@ class Generator:
         return self.stream_ids(prompt_ids, **options).wait()
 
     def stream_chat(self, messages: list[dict], on_token=None, chat_template_kwargs: dict | None = None,
-                    **options) -> Stream:
+                    tools: list[dict] | None = None, **options) -> Stream:
         """The assistant's next turn in a conversation. Send the whole conversation each turn: the prompt cache (on
         by default where it is exact) prefills only what is new since the last turn."""
-        return self._submit(self.encode_messages(messages, chat_template_kwargs), self.options(**options), on_token)
+        ids = self.encode_messages(messages, chat_template_kwargs, tools)
+        return self._submit(ids, self.options(**options), on_token)
 
-    def chat(self, messages: list[dict], chat_template_kwargs: dict | None = None, **options) -> GenerationResult:
-        return self.stream_chat(messages, chat_template_kwargs=chat_template_kwargs, **options).wait()
+    def chat(self, messages: list[dict], chat_template_kwargs: dict | None = None, tools: list[dict] | None = None,
+             **options) -> GenerationResult:
+        return self.stream_chat(messages, chat_template_kwargs=chat_template_kwargs, tools=tools, **options).wait()
 
     def clear_prompt_cache(self) -> None:
         """Forgets the text free slots hold, so that the next requests prefill their whole prompts (benchmarks)."""

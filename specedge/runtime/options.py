@@ -6,11 +6,13 @@ not a value to guess at (bools are refused where a number is meant, numpy intege
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from dataclasses import replace
 
 from specedge.errors import OptionError
+from specedge.runtime.chat import TEMPLATE_GLOBALS
 from specedge.runtime.logprobs import MAX_TOP_LOGPROBS
 from specedge.runtime.policies import make_policy
 from specedge.runtime.sequences import DRAFTERS, GenerationOptions
@@ -63,10 +65,11 @@ def token_ids(ids, vocab_size: int) -> list[int]:
     return [int(i) for i in ids]
 
 
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-RESERVED_TEMPLATE_NAMES = ("messages", "add_generation_prompt", "bos_token", "eos_token")
+RESERVED_TEMPLATE_NAMES = ("messages", "add_generation_prompt", "bos_token", "eos_token", "tools", "self",
+                           *TEMPLATE_GLOBALS)
 
 
 def template_kwargs(kwargs) -> dict:
@@ -80,13 +83,36 @@ def template_kwargs(kwargs) -> dict:
         raise OptionError("chat_template_kwargs: every key must be a variable name")
     taken = [k for k in kwargs if k in RESERVED_TEMPLATE_NAMES]
     if taken:
-        raise OptionError(f"chat_template_kwargs may not set '{taken[0]}' (the runtime sets it)")
+        raise OptionError(f"chat_template_kwargs may not set '{taken[0]}' (the runtime or the template engine sets it)")
     return dict(kwargs)
+
+
+def tool_definitions(tools) -> list[dict] | None:
+    """OpenAI's `tools`: [{"type": "function", "function": {"name": str, "description"?: str, "parameters"?: {...}}}]
+    -> the same, checked, `parameters` an empty object schema where absent (templates write it out; None or []:
+    none)."""
+    if not tools:
+        return None
+    if not isinstance(tools, list):
+        raise OptionError("tools must be a list of {'type': 'function', 'function': {...}}, "
+                          f"got {type(tools).__name__}")
+    for j, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(function, dict):
+            raise OptionError(f"tools[{j}] must be {{'type': 'function', 'function': {{'name': ..., ...}}}}")
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise OptionError(f"tools[{j}].function.name must be a non-empty string")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise OptionError(f"tools[{j}].function.parameters must be a JSON schema object")
+    empty = {"type": "object", "properties": {}}
+    return [{**tool, "function": {**tool["function"], "parameters": tool["function"].get("parameters", empty)}}
+            for tool in tools]
 
 
 def chat_messages(messages) -> list[dict]:
     """A conversation: a non-empty list of {"role": one of CHAT_ROLES, "content": str} ("developer" is rendered
-    as "system", as OpenAI's newer name for it; an optional "name" str is kept)."""
+    as "system", as OpenAI's newer name for it; an optional "name" str is kept). Tool use as OpenAI carries it:
+    an assistant message's "tool_calls" (its content may then be None) and a "tool" message's "tool_call_id"."""
     if isinstance(messages, (str, bytes, dict)) or not hasattr(messages, "__iter__"):
         raise OptionError("messages must be a list of {'role': ..., 'content': ...} dicts, "
                           f"got {type(messages).__name__}")
@@ -96,13 +122,45 @@ def chat_messages(messages) -> list[dict]:
             raise OptionError(f"messages[{i}] must be a dict, got {type(m).__name__}")
         if m.get("role") not in CHAT_ROLES:
             raise OptionError(f"messages[{i}]['role'] must be one of {', '.join(CHAT_ROLES)}, got {m.get('role')!r}")
+        calls = _tool_calls(m.get("tool_calls"), i) if m["role"] == "assistant" else []
+        content = "" if calls and m.get("content") is None else m.get("content")
         entry = {"role": "system" if m["role"] == "developer" else m["role"],
-                 "content": checked_text(m.get("content"), f"messages[{i}]['content']")}
-        if isinstance(m.get("name"), str):
-            entry["name"] = m["name"]
+                 "content": checked_text(content, f"messages[{i}]['content']")}
+        for key in ("name", "tool_call_id"):
+            if isinstance(m.get(key), str):
+                entry[key] = m[key]
+        if calls:
+            entry["tool_calls"] = calls
         out.append(entry)
     if not out:
         raise OptionError("messages is empty")
+    return out
+
+
+def _tool_calls(calls, i: int) -> list[dict]:
+    """An assistant message's OpenAI tool_calls -> what chat templates read: {"type", "id", "function": {"name",
+    "arguments"}}, the arguments a dict where their JSON text is an object (as vLLM hands them to templates: Qwen's
+    writes `arguments | tojson`)."""
+    if calls is None:
+        return []
+    where = f"messages[{i}]['tool_calls']"
+    if not isinstance(calls, list):
+        raise OptionError(f"{where} must be a list")
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise OptionError(f"{where}[{j}] must be {{'type': 'function', 'function': {{'name': str, "
+                              "'arguments': str}}}")
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, str):
+            try:
+                parsed = json.loads(arguments)
+            except ValueError:
+                parsed = None
+            arguments = parsed if isinstance(parsed, dict) else arguments
+        out.append({"type": "function", "id": call.get("id"), "function": {"name": function["name"],
+                                                                          "arguments": arguments}})
     return out
 
 

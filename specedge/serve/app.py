@@ -26,6 +26,7 @@ from starlette.routing import Route
 from specedge.errors import OptionError, SpecedgeError
 from specedge.runtime.scheduler import QueueFull
 from specedge.runtime.stats import GenerationStats
+from specedge.runtime.tool_calls import ToolCallStream
 from specedge.serve import protocol
 from specedge.serve.bridge import Bridge, RequestTimeout
 from specedge.serve.errors import APIError, invalid
@@ -251,9 +252,12 @@ class Service:
             if req.kind == "chat":
                 yield _event(protocol.chunk(req, "", first=True))
             offsets = TextOffsets(self.token_text)       # completions' text_offset, carried from chunk to chunk
+            calling = ToolCallStream() if req.tools else None   # holds a tool call back until it is whole
             try:
                 async for piece, logprobs in self._follow(handle, outcome):
-                    yield _event(protocol.chunk(req, piece, logprobs=self._logprobs(req, logprobs or [], offsets)))
+                    piece = calling.feed(piece) if calling else piece
+                    if piece or logprobs:
+                        yield _event(protocol.chunk(req, piece, logprobs=self._logprobs(req, logprobs or [], offsets)))
             except APIError as err:                       # headers are sent: an error event, then the end
                 status, stop = err.status, err.code or err.type
                 self.metrics.request_error(err.status)
@@ -264,7 +268,12 @@ class Service:
             spec = protocol.speculation(stats, req.speculation, stop)
             status = 200
             self._done(req, handle, stop, stats, started)    # counted before the client can see the end
-            final = protocol.chunk(req, None, finish=protocol.finish_reason(stop))
+            rest, calls = calling.finish() if calling else ("", [])
+            if rest:
+                yield _event(protocol.chunk(req, rest))
+            if calls:
+                yield _event(protocol.chunk(req, None, calls=calls))
+            final = protocol.chunk(req, None, finish="tool_calls" if calls else protocol.finish_reason(stop))
             if req.include_usage:
                 yield _event(final)
                 final = protocol.usage_chunk(req, len(handle.tokens), stats.cached_prompt_tokens)

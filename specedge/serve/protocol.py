@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from specedge.errors import OptionError, SpecedgeError
 from specedge.runtime.logprobs import MAX_TOP_LOGPROBS
-from specedge.runtime.options import CHAT_ROLES, checked_text, template_kwargs
+from specedge.runtime.options import CHAT_ROLES, checked_text, template_kwargs, tool_definitions
+from specedge.runtime.tool_calls import ToolCall, split_tool_calls, template_calls_tools
 from specedge.serve.errors import APIError, invalid, unsupported
 
 MAX_STOP = 4                  # OpenAI's limit
@@ -33,8 +34,7 @@ _DEFAULT_ONLY_COMMON = {"n": (None, 1), "presence_penalty": (None, 0), "frequenc
                         "logit_bias": (None, {}), "service_tier": (None, "auto", "default")}
 _DEFAULT_ONLY = {
     "completion": {**_DEFAULT_ONLY_COMMON, "best_of": (None, 1), "echo": (None, False)},
-    "chat": {**_DEFAULT_ONLY_COMMON, "tools": (None, []),
-             "functions": (None, []), "tool_choice": (None, "none", "auto"), "function_call": (None, "none", "auto"),
+    "chat": {**_DEFAULT_ONLY_COMMON, "functions": (None, []), "function_call": (None, "none", "auto"),
              "response_format": (None, {"type": "text"}), "store": (None, False), "modalities": (None, ["text"]),
              "audio": (None,), "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,),
              "verbosity": (None,)},
@@ -47,11 +47,11 @@ _HONOURED = {
                    "stop_token_ids"},
     "chat": {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
              "stream", "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "top_logprobs",
-             "stop_token_ids", "chat_template_kwargs"},
+             "stop_token_ids", "chat_template_kwargs", "tools", "tool_choice"},
 }
 _WHY = {"n": " (one choice per request)", "best_of": " (one choice per request)",
-        "tools": " (no tool calling)", "functions": " (no tool calling)", "tool_choice": " (no tool calling)",
-        "function_call": " (no tool calling)", "echo": "", "store": " (nothing is stored)"}
+        "functions": " (the legacy form: use 'tools')", "function_call": " (the legacy form: use 'tool_choice')",
+        "echo": "", "store": " (nothing is stored)"}
 
 
 @dataclass
@@ -74,6 +74,8 @@ class ParsedRequest:
     include_usage: bool = False
     timeout: float | None = None
     speculation: str = ""                    # policy@drafter, for the log and the response
+    tools: bool = False                      # the reply may hold tool calls to parse (tools given, tool_choice auto)
+    one_tool_call: bool = False              # parallel_tool_calls false: the first call only
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -244,7 +246,7 @@ def _message_text(message: dict, i: int) -> str:
     raise invalid(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
 
 
-def _chat_ids(body: dict, gen, limits: Limits) -> list[int]:
+def _chat_ids(body: dict, gen, limits: Limits, tools: list[dict] | None) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("'messages' must be a non-empty list", "messages")
@@ -258,22 +260,50 @@ def _chat_ids(body: dict, gen, limits: Limits) -> list[int]:
             raise invalid(f"messages[{i}] must be an object", f"messages[{i}]")
         role = message.get("role")
         if role not in CHAT_ROLES:
-            raise unsupported(f"messages[{i}].role", role, " (roles: system, developer, user, assistant)")
-        unknown = set(message) - {"role", "content", "name"}
-        if unknown - {"refusal", "tool_calls", "function_call", "audio"} or any(message.get(k) for k in unknown):
-            raise unsupported(f"messages[{i}].{sorted(unknown)[0]}", message[sorted(unknown)[0]])
-        entry = {"role": role, "content": _message_text(message, i)}
-        if isinstance(message.get("name"), str):
-            entry["name"] = message["name"]
+            raise unsupported(f"messages[{i}].role", role, " (roles: system, developer, user, assistant, tool)")
+        known = {"role", "content", "name"} | ({"tool_calls"} if role == "assistant" else set()) | (
+            {"tool_call_id"} if role == "tool" else set())
+        # fields a client echoes back empty (the openai client's model_dump(): refusal, annotations, audio, ...)
+        unknown = sorted(k for k in set(message) - known if message[k] not in (None, "", [], {}))
+        if unknown:
+            raise unsupported(f"messages[{i}].{unknown[0]}", message[unknown[0]])
+        calls = message.get("tool_calls") if role == "assistant" else None
+        entry = {"role": role, "content": "" if calls and message.get("content") is None else _message_text(message, i)}
+        for key in ("name", "tool_call_id"):
+            if isinstance(message.get(key), str):
+                entry[key] = message[key]
+        if calls:
+            entry["tool_calls"] = calls
         rendered.append(entry)
+    for param, read in (("chat_template_kwargs", template_kwargs), ("tools", tool_definitions)):
+        try:
+            read(body.get(param))
+        except OptionError as err:
+            raise invalid(str(err), param) from err
     try:
-        kwargs = template_kwargs(body.get("chat_template_kwargs"))
-    except OptionError as err:
-        raise invalid(str(err), "chat_template_kwargs") from err
-    try:
-        return gen.encode_messages(rendered, kwargs)
+        return gen.encode_messages(rendered, body.get("chat_template_kwargs"), tools)
+    except OptionError as err:                        # a message's tool_calls in the wrong shape
+        raise invalid(str(err), "messages") from err
     except SpecedgeError as err:                      # the template refused these messages (e.g. role order)
         raise invalid(str(err), "messages") from err
+
+
+def _tools(body: dict, gen) -> list[dict] | None:
+    """The tools to give the template, or None: 'tool_choice' "auto" (the default with tools) lets the model call
+    them, "none" leaves them out of the prompt; forcing a call ("required", a named function) would need decoding
+    constrained to the call's grammar, which this server does not do. Calls are read back in the <tool_call>
+    format (runtime/tool_calls.py): a template that does not ask for it is refused rather than left unparsed."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if choice is not None and choice not in ("auto", "none"):
+        raise unsupported("tool_choice", choice, " ('auto' or 'none': forcing a call needs constrained decoding)")
+    if choice == "auto" and not tools:
+        raise invalid("'tool_choice' needs 'tools'", "tool_choice")
+    if not tools or choice == "none":
+        return None
+    if not template_calls_tools(gen.chat_template):
+        raise invalid("this model's chat template does not ask for tool calls in the <tool_call> format that this "
+                      "server parses (Qwen2.5, Qwen3, Hermes-style templates)", "tools")
+    return tools
 
 
 def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
@@ -310,7 +340,8 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
                    **_speculation(body, limits))
     if options["policy"] == "target":
         options["drafter"] = "model"            # the runtime runs the target alone; no drafter to check
-    prompt_ids = _chat_ids(body, gen, limits) if kind == "chat" else _prompt_ids(body, gen)
+    tools = _tools(body, gen) if kind == "chat" else None
+    prompt_ids = _chat_ids(body, gen, limits, tools) if kind == "chat" else _prompt_ids(body, gen)
     n, context = len(prompt_ids), gen.max_seq_len
     if n == 0:
         raise invalid("the prompt is empty after tokenization", "messages" if kind == "chat" else "prompt")
@@ -331,7 +362,8 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
         options["stop_ids"] = gen.fim_stop_ids(options["stop_ids"])
     label = options["policy"] if options["policy"] == "target" else f"{options['policy']}@{options['drafter']}"
     timeout = timeout if timeout is not None else limits.request_timeout
-    return ParsedRequest(kind, model, prompt_ids, options, stream, include_usage, timeout, label)
+    return ParsedRequest(kind, model, prompt_ids, options, stream, include_usage, timeout, label, tools=bool(tools),
+                         one_tool_call=body.get("parallel_tool_calls") is False)
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -363,8 +395,12 @@ def response(req: ParsedRequest, text: str, completion_tokens: int, cached_token
              spec: dict, logprobs: dict | None = None) -> dict:
     """logprobs: the choice's block, already in the request kind's shape (serve/logprobs.py), or None."""
     if req.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                  "finish_reason": finish_reason(stop_reason), "logprobs": logprobs}
+        content, calls = split_tool_calls(text) if req.tools else (text, [])
+        message = {"role": "assistant", "content": content, "refusal": None}
+        if calls:
+            message["tool_calls"] = tool_calls(req, calls)
+        choice = {"index": 0, "message": message, "logprobs": logprobs,
+                  "finish_reason": "tool_calls" if calls else finish_reason(stop_reason)}
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "finish_reason": finish_reason(stop_reason), "logprobs": logprobs}
@@ -373,13 +409,24 @@ def response(req: ParsedRequest, text: str, completion_tokens: int, cached_token
             "usage": usage(len(req.prompt_ids), completion_tokens, cached_tokens), "speculation": spec}
 
 
+def tool_calls(req: ParsedRequest, calls: list[ToolCall]) -> list[dict]:
+    """OpenAI's tool_calls of a message (ids unique to the request); the first only where parallel calls were
+    turned off (OpenAI promises at most one then)."""
+    calls = calls[:1] if req.one_tool_call else calls
+    return [{"id": f"call_{req.id}_{i}", "type": "function",
+             "function": {"name": call.name, "arguments": call.arguments}} for i, call in enumerate(calls)]
+
+
 def chunk(req: ParsedRequest, text: str | None, finish: str | None = None, first: bool = False,
-          logprobs: dict | None = None) -> dict:
-    """A streamed chunk carrying text and its tokens' logprobs block (or, with finish, the finish reason)."""
+          logprobs: dict | None = None, calls: list[ToolCall] | None = None) -> dict:
+    """A streamed chunk carrying text and its tokens' logprobs block, or tool calls (whole, each with its index),
+    or, with finish, the finish reason."""
     if req.kind == "chat":
         delta = {} if finish else {"content": text}
-        if first:
-            delta = {"role": "assistant", "content": text or ""}
+        if calls:
+            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(tool_calls(req, calls))]}
+        if first:                                          # content null while a tool call may yet come, as OpenAI
+            delta = {"role": "assistant", "content": None if req.tools else text or ""}
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         obj = "chat.completion.chunk"
     else:

@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check $(TORCH)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[export,test,serve,ray]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[export,test,serve,ray,structured]'
 	touch $@
 
 test: install

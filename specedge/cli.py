@@ -89,6 +89,19 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
                   attention=attention, quantize_embeddings=quantize_embeddings, dtype=dtype)
 
 
+def _response_format(value: str | None) -> dict | None:
+    """--response-format: "json" (any object) or a JSON schema file -> OpenAI's response_format."""
+    if value is None:
+        return None
+    if value == "json":
+        return {"type": "json_object"}
+    try:
+        schema = json.loads(Path(value).read_text())
+    except (OSError, ValueError) as err:
+        raise OptionError(f"--response-format: not 'json' and not a readable JSON schema file: {err}") from None
+    return {"type": "json_schema", "json_schema": {"name": Path(value).stem, "schema": schema}}
+
+
 @cli.command()
 @click.argument("bundle", type=click.Path())
 @click.option("--prompt", required=True, help="Prompt text ('-' reads it from stdin).")
@@ -109,6 +122,8 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
               help="Who drafts: the draft model, prompt lookup (ngram), or lookup where the text repeats (hybrid).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
+@click.option("--response-format", default=None, metavar="json|SCHEMA.json",
+              help="Structured output: any JSON object (json), or JSON that a JSON schema file describes.")
 @threads_option
 @backend_option
 @gpu_options
@@ -118,7 +133,8 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
 @click.option("--logprobs", default=None, type=click.IntRange(0, 20),
               help="With --json: each generated token's logprob under the target and the N likeliest tokens there.")
 def generate(bundle, prompt, chat, suffix, max_new_tokens, temperature, top_k, top_p, seed, k, no_draft, policy,
-             drafter, stop, ignore_eos, threads, backend, device_id, cuda_graphs, target_rows, as_json, logprobs):
+             drafter, stop, ignore_eos, response_format, threads, backend, device_id, cuda_graphs, target_rows, as_json,
+             logprobs):
     """Generate a completion, streaming it, then print the stats."""
     from specedge.runtime import load
 
@@ -136,7 +152,7 @@ def generate(bundle, prompt, chat, suffix, max_new_tokens, temperature, top_k, t
         click.echo("this bundle has no draft model: the target runs alone", err=True)   # the runtime's default
     options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                    use_draft=not no_draft, stop=stop, chat=chat, ignore_eos=ignore_eos, policy=policy, drafter=drafter,
-                   logprobs=logprobs)
+                   logprobs=logprobs, response_format=_response_format(response_format))
     if no_draft or asked("k") != click.core.ParameterSource.DEFAULT:
         options["k"] = 0 if no_draft else k          # else the runtime's default, capped by the bundle's max_draft
     if as_json:

@@ -60,9 +60,17 @@ def test_a_failure_outside_a_model_call_ends_the_running_requests_and_the_worker
     gen.close()
 
 
-def test_ctrl_c_on_the_driving_thread_leaves_the_other_requests_whole(bundle):
+# a long text whose every position the grammar pins down (a state one token off shows at once)
+LONG_STRING = {"type": "json_schema", "json_schema": {"name": "s", "schema": {
+    "type": "object", "properties": {"s": {"type": "string", "pattern": "^(ab|ba|aab){25}$"}}, "required": ["s"],
+    "x-guidance": {"whitespace_flexible": False}}}}
+
+
+@pytest.mark.parametrize("opts", [dict(max_new_tokens=60, ignore_eos=True, k=4),
+                                  dict(max_new_tokens=60, k=4, response_format=LONG_STRING)],   # its grammar too
+                         ids=["plain", "structured"])
+def test_ctrl_c_on_the_driving_thread_leaves_the_other_requests_whole(bundle, opts):
     gen = load(bundle, max_batch=4, threads=1)
-    opts = dict(max_new_tokens=60, ignore_eos=True, k=4)
     solo = gen.generate("hello world", **opts).tokens
     run = gen.target.run
     armed = threading.Event()

@@ -102,3 +102,17 @@ def test_an_unchecked_timing_export_says_so_and_runs(workdir):
     entry = _manifest(bundle)["models"]["target"]
     assert "skipped" in entry["export_check"] and entry["kv"]["dtype"] == "float16"
     assert load(bundle).generate("def f(x):", max_new_tokens=4, ignore_eos=True, k=0).stats.new_tokens == 4
+
+
+@pytest.mark.parametrize("attention", ["gqa", "standard"])
+def test_gemma2_exports_in_bfloat16_with_its_soft_caps_in_float32(workdir, attention):
+    """The soft-caps' Tanh computes in float32 (as the rest of attention's and the logits' float32 islands)."""
+    out = _export(workdir, f"gemma2-bf16-{attention}", tm.make_model("gemma2", TARGET_ROWS, seed=1), None,
+                  tm.byte_tokenizer(), attention=attention, dtype="bf16", max_seq_len=64, max_draft=4)
+    assert _manifest(out)["dtype"] == "bfloat16"
+
+
+def test_gemma_in_float16_is_refused_before_its_weights_load(workdir):
+    with pytest.raises(ExportError, match="overflows float16; export with --dtype bf16"):
+        _export(workdir, "gemma3-fp16", tm.make_model("gemma3", TARGET_ROWS, seed=1), None, tm.byte_tokenizer(),
+                dtype="fp16", max_seq_len=64, max_draft=4)

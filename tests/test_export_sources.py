@@ -127,7 +127,8 @@ def test_only_special_tokens_are_added_as_end_of_turn():
     ("qwen2", {"use_sliding_window": True, "max_window_layers": 2}, []),      # every layer attends fully
     ("qwen2", {"use_sliding_window": True, "max_window_layers": 1}, [1]),
     ("qwen2", {"use_sliding_window": False, "max_window_layers": 0}, []),
-    ("mistral", {}, [0, 1])])
+    ("mistral", {}, [0, 1]),
+    ("llama", {}, [])])                    # a window a converted config.json left behind: transformers ignores it
 def test_sliding_windows_apply_to_the_layers_transformers_applies_them_to(tmp_path, arch, settings, sliding):
     """A window of 6 with max_seq_len 64: the export check (17 tokens) and 40 teacher-forced tokens here compare
     with transformers itself; a sliding layer sees only the last 6 positions."""
@@ -244,3 +245,28 @@ def test_gemma3_image_and_text_checkpoint_exports_its_language_model(tmp_path):
     with torch.no_grad():
         expected = model(input_ids=torch.tensor([ids])).logits[0, :, :ours.shape[1]].numpy()
     np.testing.assert_allclose(ours, expected, atol=2e-4)
+
+
+def test_a_window_at_least_as_long_as_the_buffer_adds_no_mask_and_yarn_stretches_the_trained_length(tmp_path):
+    """Mistral's 4096 window at max_seq_len 64 hides nothing: the graph has no window (no local_window_size, so no
+    local-attention kernel on a GPU); Qwen2.5's yarn x4 of 32768 positions: max_seq_len 100000 is no warning."""
+    import onnx
+
+    base = tm.make_config("mistral", 260)
+    config = type(base)(**{**base.to_dict(), "sliding_window": 4096})
+    src = tm.save(tm.make_model_from(config, seed=3), tm.byte_tokenizer(), tmp_path / "wide")
+    _export(src, tmp_path / "out")
+    graph = onnx.load(str(tmp_path / "out" / "target.onnx"), load_external_data=False)
+    windows = [a.i for n in graph.graph.node if n.op_type == "GroupQueryAttention" for a in n.attribute
+               if a.name == "local_window_size"]
+    assert windows == [-1, -1]
+
+    from specedge.export import pipeline
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1e6}
+    cfg = {**tm.make_config("qwen2", 260).to_dict(), "rope_parameters": rope, "max_position_embeddings": 32768,
+           "architectures": ["Qwen2ForCausalLM"]}
+    lines = []
+    source = pipeline.Source("yarn", "hf-folder", "", {}, cfg, None)
+    with pytest.raises(ExportError, match="cannot load weights"):   # no weights here: the warnings came before
+        pipeline._export_model("target", source, tmp_path, 260, 100_000, 4, None, lines.append, None, [], "gqa")
+    assert lines and not any("exceeds" in line for line in lines)

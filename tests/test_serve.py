@@ -233,7 +233,7 @@ def test_four_hundreds_are_in_openai_shape_and_the_server_goes_on(server):
     for body, param in [({**chat, "top_logprobs": 2}, "top_logprobs"),
                         ({**chat, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
                         ({**chat, "logprobs": "yes"}, "logprobs"), ({**chat, "tools": [{"type": "function"}]}, "tools"),
-                        ({**chat, "response_format": {"type": "json_object"}}, "response_format"),
+                        ({**chat, "response_format": {"type": "xml"}}, "response_format"),
                         ({**chat, "messages": []}, "messages"),
                         ({**chat, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
                          "messages[0].content"),

@@ -139,7 +139,8 @@ def test_defaults_and_overrides_map_to_runtime_options(gen):
                   "completion", gen, limits)
     assert fixed.prompt_ids == [1, 2, 3] and fixed.speculation == "fixed:4@ngram"
     assert fixed.options == dict(temperature=1.0, top_p=1.0, seed=3, stop=("\n",), top_k=5, ignore_eos=False,
-                                 policy="fixed:4", drafter="ngram", max_new_tokens=5, logprobs=None, stop_ids=())
+                                 policy="fixed:4", drafter="ngram", max_new_tokens=5, logprobs=None, stop_ids=(),
+                                 response_format=None)
 
 
 @pytest.mark.parametrize("body, param", [

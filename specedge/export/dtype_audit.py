@@ -21,7 +21,7 @@ from specedge.export.onnx_builder import FLOAT_TYPES
 # ops whose float32 outputs are intended in a half-precision graph: norms (the sum of squares overflows float16),
 # softmax, RoPE angles (positions as float), the logits cast, and the small float32 arithmetic around them
 FLOAT32_OPS = {"Cast", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "LayerNormalization", "Softmax", "Where",
-               "Cos", "Sin", "Unsqueeze"}
+               "Cos", "Sin", "Unsqueeze", "Tanh"}                 # Tanh: Gemma 2's soft-caps, in float32
 
 
 def audit_dtype(path: Path, dtype: str) -> dict:

@@ -213,6 +213,10 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
                   prompts: list[list[int]], attention: str, quantize_embedding: bool = False, dtype: str = "float32", run_checks: bool = True) -> tuple[dict, list[int]]:
     cfg = source.config
     architecture, family = architecture_of(cfg)
+    if dtype == "float16" and architecture.startswith("Gemma"):
+        # Gemma's activations exceed float16's range (transformers advises bfloat16): inf or NaN on real text, which
+        # the export check's few random tokens may not reach
+        raise ExportError(f"{role}: {architecture} overflows float16; export with --dtype bf16 (or fp32, or int4)")
     spec = family.spec_from_config(cfg, architecture)
     spec.vocab_size = vocab_size
     if spec.family == "gpt2" and max_seq_len > spec.max_position_embeddings:
@@ -231,6 +235,8 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
         raise ExportError(f"{role}: head_dim {spec.head_dim} is not a multiple of 8, which onnxruntime's "
                           "GroupQueryAttention needs; export with --attention standard")
     trained = cfg.get("max_position_embeddings")
+    if spec.rope.get("type") == "yarn":                     # what YaRN stretches the original length to
+        trained = max(trained or 0, int(spec.rope["original_max_position_embeddings"] * spec.rope["factor"]))
     if spec.family != "gpt2" and isinstance(trained, int) and max_seq_len > trained:
         say(f"{role}: warning: max_seq_len {max_seq_len} exceeds the {trained} positions the model was made for; "
             "text beyond them may degrade")

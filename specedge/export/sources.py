@@ -119,9 +119,11 @@ def _text_config(cfg: dict) -> tuple[dict, str]:
 def _language_model(model):
     """Gemma 3's image-and-text model -> a Gemma3ForCausalLM sharing its language model and head: the same logits
     for text (the image tokens' bidirectional attention never applies), the weight names of the text-only one."""
+    import torch
     import transformers
 
-    text = transformers.Gemma3ForCausalLM(model.config.text_config)
+    with torch.device("meta"):                  # no weights of its own: it takes the loaded model's
+        text = transformers.Gemma3ForCausalLM(model.config.text_config)
     text.model, text.lm_head = model.model.language_model, model.lm_head
     text.generation_config = model.generation_config
     return text.eval()

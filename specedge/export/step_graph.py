@@ -94,6 +94,9 @@ class StepGraph:
                       b.input(f"past_value.{i}", self.float, kv_shape))
                      for i in range(spec.num_layers)]
         self._window_visible = None
+        # layers whose window can hide a slot (one at least as long as the buffer masks nothing: left out); their rope
+        # stays the sliding layers' own either way (Gemma 3)
+        self.windowed = set(spec.sliding_layers) if 0 < spec.sliding_window < self.kv_slots else set()
         if self.gqa:
             self._extra_row()
         else:
@@ -342,7 +345,7 @@ class StepGraph:
         if s.attn_softcap:                                                                # Gemma 2: cap * tanh(x / cap)
             cap = b.const(np.float32(s.attn_softcap), np.float32, "attn_softcap", keep=True)
             scores = b.op("Mul", b.op("Tanh", b.op("Div", scores, cap)), cap)
-        visible = self._window_visibility() if layer in s.sliding_layers else self.visible
+        visible = self._window_visibility() if layer in self.windowed else self.visible
         scores = b.op("Where", visible, scores, self.masked)
         context = b.op("MatMul", b.from_float32(b.op("Softmax", scores, axis=-1)), values)  # [B, Hkv, R*T, D]
         if self.groups == 1:
@@ -367,7 +370,7 @@ class StepGraph:
             "GroupQueryAttention", q, k, v, past_k, past_v, self.seqlens_k, self.total_length, n_out=3,
             out_names=[None, *present], domain="com.microsoft", num_heads=s.num_heads, kv_num_heads=s.num_kv_heads,
             scale=self.scale_value, softcap=float(s.attn_softcap),
-            local_window_size=s.sliding_window if layer in s.sliding_layers else -1)
+            local_window_size=s.sliding_window if layer in self.windowed else -1)
         self._present(layer, present_k, present_v)
         if self.extra_row:
             context = b.op("Slice", context, b.const([0]), b.const([-1]), b.const([1]))   # drops the extra row

@@ -20,7 +20,8 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
         raise ExportError(f"{architecture}: bidirectional attention is not a decoder's (not supported)")
     gemma3 = architecture == "Gemma3ForCausalLM"
     types = cfg.get("layer_types") or []
-    sliding = [i for i, kind in enumerate(types) if kind == "sliding_attention"]
+    window = int(cfg.get("sliding_window") or 0)
+    sliding = [i for i, kind in enumerate(types) if kind == "sliding_attention"] if window else []
     rope, rope_local = _ropes(cfg) if gemma3 else (rope_from_config(cfg), {})
     heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
     bias = bool(cfg.get("attention_bias", False))
@@ -34,7 +35,7 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
         embed_scale=float(np.sqrt(hidden)), attention_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5,
         attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
         logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
-        sliding_window=int(cfg.get("sliding_window") or 0) if sliding else 0, sliding_layers=sliding,
+        sliding_window=window if sliding else 0, sliding_layers=sliding,
     )
 
 

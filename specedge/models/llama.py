@@ -16,7 +16,7 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
     if cfg.get("hidden_act", "silu") != "silu":
         raise ExportError(f"{architecture}: activation '{cfg.get('hidden_act')}' is not supported (only silu)")
     qkv_bias = architecture == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False))
-    window, sliding = _sliding(cfg, cfg["num_hidden_layers"])
+    window, sliding = _sliding(cfg, architecture)
     return ModelSpec(
         architecture=architecture, family="llama", vocab_rows=cfg["vocab_size"], hidden_size=hidden,
         num_layers=cfg["num_hidden_layers"], num_heads=heads,
@@ -30,16 +30,17 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
     )
 
 
-def _sliding(cfg: dict, layers: int) -> tuple[int, list[int]]:
-    """(window, the layers it applies to): transformers' layer_types where the config has them (Qwen2: only layers
-    from max_window_layers on), else every layer (Mistral); (0, []) for none."""
+def _sliding(cfg: dict, architecture: str) -> tuple[int, list[int]]:
+    """(window, the layers it applies to) where transformers applies one: Mistral every layer, Qwen2 / Qwen3 the
+    layers its layer_types say (from max_window_layers on, with use_sliding_window); (0, []) for none. Llama never
+    does, whatever a converted config.json leaves in `sliding_window`."""
     window, types = cfg.get("sliding_window"), cfg.get("layer_types")
-    if isinstance(types, list) and types:
+    if architecture == "MistralForCausalLM":
+        sliding = list(range(cfg["num_hidden_layers"]))
+    elif architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and isinstance(types, list):
         sliding = [i for i, kind in enumerate(types) if kind == "sliding_attention"]
-    elif cfg.get("model_type") in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
-        sliding = []
     else:
-        sliding = list(range(layers))
+        sliding = []
     return (int(window), sliding) if window and sliding else (0, [])
 
 

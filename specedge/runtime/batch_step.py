@@ -15,6 +15,7 @@ import numpy as np
 
 from specedge.runtime.backends.base import ModelBackend
 from specedge.runtime.drafters import lookup_for, one_hot
+from specedge.runtime.grammar import masked
 from specedge.runtime.logprobs import token_logprobs
 from specedge.runtime.sampling import draw
 from specedge.runtime.sequences import Sequence
@@ -77,10 +78,28 @@ def catch_up(m: Models, s: Sequence) -> float:
     return seconds
 
 
+def allowed_lookup(s: Sequence, proposal: list[int], masks: list) -> list[int]:
+    """A constrained row's looked-up drafts: the prefix the grammar allows, consumed, each position's mask kept."""
+    kept = []
+    for token in proposal:
+        allowed = s.constraint.allowed()
+        if not allowed[token]:
+            break
+        masks.append(allowed)
+        s.constraint.consume(token)
+        kept.append(token)
+    return kept
+
+
 def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: StepRecord):
-    """-> per row (by id): drafts, q [n, V] or None (greedy), draft confidences (early stop), draft calls taken.
+    """-> per row (by id): drafts, q [n, V] or None (greedy), draft confidences (early stop), draft calls taken,
+    the grammar masks of its draft positions (constrained rows; their drafts are left consumed, see verify).
     One draft call per draft position for all rows that still draft."""
     drafts = {id(s): lookup_for(s.drafter, s.tokens, s.k) if s.k else [] for s in rows}
+    masks = {id(s): [] for s in rows if s.constraint is not None}
+    for s in rows:
+        if s.constraint is not None and drafts[id(s)]:
+            drafts[id(s)] = allowed_lookup(s, drafts[id(s)], masks[id(s)])
     q_rows = {id(s): [] for s in rows}
     live = [s for s in rows if s.k and s.uses_draft_model and not drafts[id(s)]]
     live = [s for s in live if draft_ready(s)]   # a draft far behind catches up only where that pays
@@ -106,8 +125,9 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
         hi = max(s.slot for s in live) + 1
         starts = [seq.dft_pos for seq in span[:hi]]
         tokens = [feed.get(id(seq), []) for seq in span[:hi]]
+        logits = sampled or any(s.policy.early_stop or s.constraint is not None for s in live)
         out, seconds = timed(m.draft.run, starts, tokens, [1 if t else 0 for t in tokens],
-                              want="logits" if sampled or any(s.policy.early_stop for s in live) else "ids")
+                              want="logits" if logits else "ids")
         record.model_s += seconds
         record.draft_calls += 1
         record.draft_rows = max(record.draft_rows, hi)
@@ -116,6 +136,12 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
             s.dft_pos += len(feed[id(s)])
             calls[id(s)] += 1
             row = out[s.slot][-1]
+            if s.constraint is not None:
+                allowed = s.constraint.allowed()
+                if not allowed.any():                  # the grammar has ended (after an eos): nothing to draft
+                    continue
+                masks[id(s)].append(allowed)
+                row = masked(row[None], [allowed])[0]
             if row.dtype == np.int64:
                 token, confidence = int(row), None
             elif s.warp.greedy:
@@ -129,6 +155,8 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
                 q_rows[id(s)].append(q)
                 confidence = float(q[column])
             drafts[id(s)].append(token)
+            if s.constraint is not None:
+                s.constraint.consume(token)
             if s.policy.early_stop:
                 confidences[id(s)].append(confidence)
             done = len(drafts[id(s)]) >= s.k or (s.policy.early_stop and not s.policy.keep_drafting(confidences[id(s)]))
@@ -142,7 +170,7 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
             q[id(s)] = None
         else:
             q[id(s)] = np.stack(q_rows[id(s)]) if q_rows[id(s)] else one_hot(d, m.vocab_size)
-    return drafts, q, confidences, calls
+    return drafts, q, confidences, calls, masks
 
 
 def speculative_step(m: Models, rows: list[Sequence], span: list[Sequence]) -> tuple[StepRecord, dict]:
@@ -152,7 +180,8 @@ def speculative_step(m: Models, rows: list[Sequence], span: list[Sequence]) -> t
     record = StepRecord(batch=len(rows), k=[], accepted=[])
     # 1. draft: lookups, then up to max k shared draft calls
     t0 = time.perf_counter()
-    drafts, q, confidences, calls = draft_phase(m, rows, span, record) if any(s.k for s in rows) else ({}, {}, {}, {})
+    drafts, q, confidences, calls, masks = (draft_phase(m, rows, span, record) if any(s.k for s in rows)
+                                            else ({}, {}, {}, {}, {}))
     t1 = time.perf_counter()
     record.draft_s = t1 - t0
     # 2. verify: one target call, row b = [pending token, its drafts] at its committed length
@@ -169,7 +198,14 @@ def speculative_step(m: Models, rows: list[Sequence], span: list[Sequence]) -> t
     committed, wanted = {}, []
     for s in rows:
         d, rows_out = drafts.get(id(s), []), out[s.slot]
-        n, token, p = judge(s.warp, s.rng, d, rows_out, q.get(id(s)))
+        judged = rows_out
+        if s.constraint is not None:       # each row masked by the state after the drafts before it
+            judged = masked(rows_out, masks.get(id(s), []) + [s.constraint.verify_mask()])
+        n, token, p = judge(s.warp, s.rng, d, judged, q.get(id(s)))
+        if s.constraint is not None:       # back to the committed text, then what this step commits
+            s.constraint.pop(len(d))
+            for t in d[:n] + [token]:
+                s.constraint.consume(t)
         if n < len(d):
             rejection = {"slot": s.slot, "position": n + 1, "draft_token": d[n], "target_token": token}
             if p is not None:

@@ -22,6 +22,7 @@ from specedge.runtime.backends.base import decode_width
 from specedge.runtime.backends.cpu import spinning_mode
 from specedge.runtime.batch_step import Models
 from specedge.runtime.chat import render_chat
+from specedge.runtime.grammar import GrammarTokens, grammar_of
 from specedge.runtime.fim import find_fim, fim_ids
 from specedge.runtime.manifest import read_manifest
 from specedge.runtime.options import (chat_messages, checked_text, generation_options, integer, template_kwargs,
@@ -57,6 +58,7 @@ class Generator:
         self.backend_name, self.max_batch = backend, max_batch
         self.max_seq_len, self.max_draft, self.vocab_size = m["max_seq_len"], m["max_draft"], m["vocab_size"]
         self.eos_ids = frozenset(m["eos_token_ids"])
+        self._grammar_tokens = None                # structured output's view of the vocabulary, built on first use
         try:
             self.tokenizer = Tokenizer.from_file(str(self.path / m["tokenizer"]["file"]))
         except Exception as err:  # tokenizers raises a bare Exception on bad JSON
@@ -279,7 +281,7 @@ class Generator:
                        eos_ids=frozenset() if opts.ignore_eos else self.eos_ids | set(opts.stop_ids),
                        on_token=on_token,
                        tokens=list(prompt_ids), started=time.perf_counter(),
-                       logprobs=None if opts.logprobs is None else [],
+                       logprobs=None if opts.logprobs is None else [], constraint=self._constraint(opts),
                        **({} if outbox is None else {"outbox": outbox}))
         seq.stats.prompt_tokens = len(prompt_ids)
         with self.scheduler.wake:               # the worker decides to exit under this lock, seeing the queue empty
@@ -289,6 +291,24 @@ class Generator:
             if self.scheduler.background:
                 self._ensure_worker()
         return Stream(seq, self.scheduler)
+
+    def _constraint(self, opts: GenerationOptions):
+        """The grammar state a response_format asks for (None: plain text); its text ends at an eos id or a stop id
+        where the grammar is complete."""
+        grammar = grammar_of(opts.response_format)
+        if grammar is None:
+            return None
+        if opts.ignore_eos:
+            raise OptionError("ignore_eos cannot be combined with response_format (the grammar's text ends at an eos)")
+        return self.grammar_tokens().constraint(grammar, self.eos_ids | set(opts.stop_ids))
+
+    def grammar_tokens(self) -> GrammarTokens:
+        """The vocabulary as the grammar library sees it, built on first use (about a second for a 150k vocabulary;
+        the server builds it at start where llguidance is installed)."""
+        if self._grammar_tokens is None:
+            self._grammar_tokens = GrammarTokens(self.tokenizer.to_str(), self.tokenizer.get_vocab_size(True),
+                                                 self.vocab_size, self.eos_ids)
+        return self._grammar_tokens
 
     def _ensure_worker(self) -> None:
         with self._start_lock:

@@ -26,6 +26,7 @@ from collections import Counter, deque
 
 from specedge.errors import SpecedgeError
 from specedge.runtime.batch_step import Models, StepRecord, draft_ready, speculative_step, timed
+from specedge.runtime.grammar import masked
 from specedge.runtime.logprobs import token_logprobs
 from specedge.runtime.prompt_cache import PromptCache
 from specedge.runtime.sequences import GenerationResult, Sequence
@@ -113,16 +114,19 @@ class Scheduler:
     def _guard(self, seqs: list[Sequence], fn, *args) -> None:
         """A failing call ends the sequences it carried with the error; the others and the worker go on. An
         interruption (Ctrl+C on the driving thread) rewinds the rows it left half-stepped, then propagates."""
-        before = [(s, s.prefilled, s.tgt_pos, s.dft_pos, len(s.tokens), s.rng.bit_generator.state) for s in seqs]
+        before = [(s, s.prefilled, s.tgt_pos, s.dft_pos, len(s.tokens), s.rng.bit_generator.state,
+                   s.constraint.depth if s.constraint is not None else 0) for s in seqs]
         try:
             fn(*args)
         except Exception as err:  # noqa: BLE001 - whatever a backend raises is reported to its callers
             self._fail(seqs, err)
         except BaseException:
-            for s, prefilled, tgt_pos, dft_pos, n_tokens, rng_state in before:
+            for s, prefilled, tgt_pos, dft_pos, n_tokens, rng_state, depth in before:
                 if len(s.tokens) == n_tokens:        # not committed yet: K/V past these positions is scratch
                     s.prefilled, s.tgt_pos, s.dft_pos = prefilled, tgt_pos, dft_pos
                     s.rng.bit_generator.state = rng_state
+                    if s.constraint is not None:     # drafts or tokens it consumed for a commit that did not come
+                        s.constraint.rewind(depth)
             raise
 
     @staticmethod
@@ -203,7 +207,11 @@ class Scheduler:
         s.tgt_pos = s.prefilled
         s.stats.prefill_s += time.perf_counter() - t
         if final:
-            _, token, _ = judge(s.warp, s.rng, [], out[-1:], None)
+            constrained = s.constraint is not None
+            rows = masked(out[-1:], [s.constraint.verify_mask()]) if constrained else out[-1:]
+            _, token, _ = judge(s.warp, s.rng, [], rows, None)
+            if constrained:
+                s.constraint.consume(token)
             self._commit(s, [token], token_logprobs(out[-1:], [token], s.opts.logprobs)
                          if s.opts.logprobs is not None else None)
 

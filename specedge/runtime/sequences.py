@@ -38,6 +38,7 @@ class GenerationOptions:
     chat: bool = False
     ignore_eos: bool = False        # run to max_new_tokens (benchmarks, tests)
     logprobs: int | None = None     # None: off; n >= 0: each generated token's logprob, the n likeliest at its place
+    response_format: dict | None = None   # OpenAI's: {"type": "json_object"} or a json_schema (runtime/grammar.py)
 
 
 @dataclass
@@ -106,6 +107,7 @@ class Sequence:
     k: int = 0                      # this step's draft length
     stats: GenerationStats = field(default_factory=GenerationStats)
     logprobs: list[TokenLogprob] | None = None         # per generated token, when opts.logprobs is set
+    constraint: object = None       # a grammar.Constraint when opts.response_format asks for structure
     # ("text", piece, ids, logprobs of ids or None) ... then ("done", result) | ("error", exc)
     outbox: queue.Queue = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -118,8 +120,8 @@ class Sequence:
 
     @property
     def wants_logits(self) -> bool:
-        """Whether the target must return logits for this row (sampling, or logprobs), not just argmax ids."""
-        return not self.warp.greedy or self.opts.logprobs is not None
+        """Whether the target must return logits for this row (sampling, logprobs, a grammar), not argmax ids."""
+        return not self.warp.greedy or self.opts.logprobs is not None or self.constraint is not None
 
     @property
     def uses_draft_model(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import importlib.util
 import json
 import logging
 import time
@@ -92,6 +93,11 @@ class Service:
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
         self.bridge = Bridge(self.gen, asyncio.get_running_loop())
+        if importlib.util.find_spec("llguidance") is not None:     # response_format's vocabulary, off the loop
+            try:
+                await asyncio.to_thread(self.gen.grammar_tokens)
+            except OptionError as err:                              # requests asking for it get a 400 saying so
+                log.warning("response_format will be refused: %s", err)
         self._previous_hook, self.gen.scheduler.on_step = self.gen.scheduler.on_step, self.on_step
         try:
             yield

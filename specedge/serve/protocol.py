@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from specedge.errors import OptionError, SpecedgeError
+from specedge.runtime.grammar import grammar_of
 from specedge.runtime.logprobs import MAX_TOP_LOGPROBS
 from specedge.runtime.options import CHAT_ROLES, checked_text, template_kwargs, tool_definitions
 from specedge.runtime.tool_calls import ToolCall, split_tool_calls, template_calls_tools
@@ -35,7 +36,7 @@ _DEFAULT_ONLY_COMMON = {"n": (None, 1), "presence_penalty": (None, 0), "frequenc
 _DEFAULT_ONLY = {
     "completion": {**_DEFAULT_ONLY_COMMON, "best_of": (None, 1), "echo": (None, False)},
     "chat": {**_DEFAULT_ONLY_COMMON, "functions": (None, []), "function_call": (None, "none", "auto"),
-             "response_format": (None, {"type": "text"}), "store": (None, False), "modalities": (None, ["text"]),
+             "store": (None, False), "modalities": (None, ["text"]),
              "audio": (None,), "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,),
              "verbosity": (None,)},
 }
@@ -44,10 +45,10 @@ _METADATA = {"user", "metadata", "parallel_tool_calls", "safety_identifier", "pr
 _HONOURED = {
     "completion": {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
                    "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "suffix",
-                   "stop_token_ids"},
+                   "stop_token_ids", "response_format"},
     "chat": {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
              "stream", "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "top_logprobs",
-             "stop_token_ids", "chat_template_kwargs", "tools", "tool_choice"},
+             "stop_token_ids", "chat_template_kwargs", "tools", "tool_choice", "response_format"},
 }
 _WHY = {"n": " (one choice per request)", "best_of": " (one choice per request)",
         "functions": " (the legacy form: use 'tools')", "function_call": " (the legacy form: use 'tool_choice')",
@@ -139,6 +140,16 @@ def _check_parameters(body: dict, kind: str) -> None:
                 raise unsupported(name, body[name], _WHY.get(name, ""))
             continue
         raise APIError(400, f"Unrecognized request argument supplied: {name}", name, "unrecognized_argument")
+
+
+def _response_format(body: dict) -> dict | None:
+    """text (the default), json_object or json_schema (OpenAI's shape): checked and compiled here, so that a bad
+    schema is a 400 naming the parameter."""
+    value = body.get("response_format")
+    try:
+        return value if grammar_of(value) is not None else None
+    except OptionError as err:
+        raise invalid(str(err), "response_format") from None
 
 
 def _stop_ids(body: dict, vocab_size: int) -> tuple[int, ...]:
@@ -337,6 +348,7 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
                    seed=_integer(body, "seed", 0, 2**63 - 1), stop=_stops(body),
                    top_k=_integer(body, "top_k", 0) or 0, ignore_eos=_bool(body, "ignore_eos"),
                    logprobs=_logprobs(body, kind), stop_ids=_stop_ids(body, gen.vocab_size),
+                   response_format=_response_format(body),
                    **_speculation(body, limits))
     if options["policy"] == "target":
         options["drafter"] = "model"            # the runtime runs the target alone; no drafter to check

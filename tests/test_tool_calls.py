@@ -15,7 +15,7 @@ from test_serve import assert_openai_error, client, post
 from specedge.errors import OptionError
 from specedge.runtime.chat import render_chat
 from specedge.runtime.options import chat_messages, tool_definitions
-from specedge.runtime.tool_calls import ToolCall, ToolCallStream, split_tool_calls, template_calls_tools
+from specedge.runtime.tool_calls import ToolCall, ToolCallStream, split_tool_calls, template_calls_tools, tool_names
 
 TOOLS_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\nTools:\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
@@ -32,6 +32,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                                           "required": ["city"]}}}]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 REPLY = "Let me look.\n" + CALL
+BARE = '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris"}\n}\n```'   # the real 1.5B's way
+NAMES = tool_names(TOOLS)
 
 
 def test_calls_are_split_from_the_text_before_them():
@@ -50,12 +52,24 @@ def test_calls_are_split_from_the_text_before_them():
     assert template_calls_tools(TOOLS_TEMPLATE) and not template_calls_tools(tm.CHAT_TEMPLATE)
 
 
-@pytest.mark.parametrize("text", [REPLY, "just text <tool", "a <tool_c> b", CALL, "x" + CALL[:-3]])
+def test_a_reply_that_is_only_a_calls_json_is_the_call_where_it_names_a_given_tool():
+    paris = [ToolCall("get_weather", '{"city": "Paris"}')]
+    assert split_tool_calls(BARE, NAMES) == (None, paris)
+    assert split_tool_calls(' {"name": "get_weather", "parameters": {"city": "Paris"}} ', NAMES) == (None, paris)
+    assert split_tool_calls('[{"name": "get_weather", "arguments": {"city": "Paris"}}]', NAMES) == (None, paris)
+    for text in [BARE.replace("get_weather", "other"), '{"name": "get_weather", "arguments": {}, "x": 1}',
+                 '{"city": "Paris"}', "Sure: " + BARE, BARE[:-3], "```python\nprint(1)\n```", "[]"]:
+        assert split_tool_calls(text, NAMES) == (text, [])
+    assert split_tool_calls(BARE) == (BARE, [])                             # no tools given: no bare calls
+
+
+@pytest.mark.parametrize("text", [REPLY, "just text <tool", "a <tool_c> b", CALL, "x" + CALL[:-3], BARE,
+                                  "  {\"not\": \"a call\"}", "```python\nprint(1)\n```", "`x`"])
 def test_a_streamed_reply_sends_its_text_and_holds_back_only_a_call(text):
-    whole_content, whole_calls = split_tool_calls(text)
+    whole_content, whole_calls = split_tool_calls(text, NAMES)
     for cut in range(1, len(text)):
         for pieces in ([text[:cut], text[cut:]], list(text)):
-            stream = ToolCallStream()
+            stream = ToolCallStream(NAMES)
             sent = "".join(stream.feed(piece) for piece in pieces)
             assert "<tool_call>" not in sent
             rest, calls = stream.finish()
@@ -137,11 +151,22 @@ def test_the_server_returns_a_call_whole_and_streamed_and_takes_the_result_back(
         # two calls; parallel_tool_calls false keeps the first (OpenAI promises at most one then)
         _scripted(gen, messages, CALL + CALL.replace("Paris", "Oslo"))
         both = c.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=160, temperature=0)
-        assert [json.loads(t.function.arguments)["city"] for t in both.choices[0].message.tool_calls] == ["Paris", "Oslo"]
+        cities = [json.loads(t.function.arguments)["city"] for t in both.choices[0].message.tool_calls]
+        assert cities == ["Paris", "Oslo"]
         assert both.choices[0].message.content is None
         one = c.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=160, temperature=0,
                                         parallel_tool_calls=False)
         assert len(one.choices[0].message.tool_calls) == 1
+
+        # the call's JSON alone in a fence (small models leave the tags out): the call, whole and streamed
+        _scripted(gen, messages, BARE)
+        fenced = c.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=120, temperature=0)
+        assert fenced.choices[0].finish_reason == "tool_calls" and fenced.choices[0].message.content is None
+        assert fenced.choices[0].message.tool_calls[0].function.name == "get_weather"
+        parts = [p for p in c.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=120,
+                                                      temperature=0, stream=True) if p.choices]
+        assert "".join(p.choices[0].delta.content or "" for p in parts) == ""
+        assert [tc.function.name for p in parts for tc in p.choices[0].delta.tool_calls or []] == ["get_weather"]
 
         # tool_choice "none": the tools stay out of the prompt and nothing is parsed
         _scripted(gen, messages, REPLY, tools=None)

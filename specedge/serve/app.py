@@ -258,7 +258,7 @@ class Service:
             if req.kind == "chat":
                 yield _event(protocol.chunk(req, "", first=True))
             offsets = TextOffsets(self.token_text)       # completions' text_offset, carried from chunk to chunk
-            calling = ToolCallStream() if req.tools else None   # holds a tool call back until it is whole
+            calling = ToolCallStream(req.tools) if req.tools else None   # holds a tool call back until it is whole
             try:
                 async for piece, logprobs in self._follow(handle, outcome):
                     piece = calling.feed(piece) if calling else piece

@@ -18,7 +18,7 @@ from specedge.errors import OptionError, SpecedgeError
 from specedge.runtime.grammar import grammar_of
 from specedge.runtime.logprobs import MAX_TOP_LOGPROBS
 from specedge.runtime.options import CHAT_ROLES, checked_text, template_kwargs, tool_definitions
-from specedge.runtime.tool_calls import ToolCall, split_tool_calls, template_calls_tools
+from specedge.runtime.tool_calls import ToolCall, split_tool_calls, template_calls_tools, tool_names
 from specedge.serve.errors import APIError, invalid, unsupported
 
 MAX_STOP = 4                  # OpenAI's limit
@@ -75,7 +75,7 @@ class ParsedRequest:
     include_usage: bool = False
     timeout: float | None = None
     speculation: str = ""                    # policy@drafter, for the log and the response
-    tools: bool = False                      # the reply may hold tool calls to parse (tools given, tool_choice auto)
+    tools: frozenset = frozenset()           # the tools' names where the reply may call them (tool_choice auto)
     one_tool_call: bool = False              # parallel_tool_calls false: the first call only
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
@@ -374,8 +374,8 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
         options["stop_ids"] = gen.fim_stop_ids(options["stop_ids"])
     label = options["policy"] if options["policy"] == "target" else f"{options['policy']}@{options['drafter']}"
     timeout = timeout if timeout is not None else limits.request_timeout
-    return ParsedRequest(kind, model, prompt_ids, options, stream, include_usage, timeout, label, tools=bool(tools),
-                         one_tool_call=body.get("parallel_tool_calls") is False)
+    return ParsedRequest(kind, model, prompt_ids, options, stream, include_usage, timeout, label,
+                         tools=tool_names(tools), one_tool_call=body.get("parallel_tool_calls") is False)
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -407,7 +407,7 @@ def response(req: ParsedRequest, text: str, completion_tokens: int, cached_token
              spec: dict, logprobs: dict | None = None) -> dict:
     """logprobs: the choice's block, already in the request kind's shape (serve/logprobs.py), or None."""
     if req.kind == "chat":
-        content, calls = split_tool_calls(text) if req.tools else (text, [])
+        content, calls = split_tool_calls(text, req.tools) if req.tools else (text, [])
         message = {"role": "assistant", "content": content, "refusal": None}
         if calls:
             message["tool_calls"] = tool_calls(req, calls)

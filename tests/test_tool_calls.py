@@ -181,10 +181,12 @@ def test_tool_requests_the_server_cannot_honour_are_400s(tool_bundle):
         # this bundle's own template has no tool format: refused rather than left unparsed
         assert_openai_error(post(srv, "/chat/completions", {**chat, "tools": TOOLS}), 400, "tools")
         gen.chat_template = TOOLS_TEMPLATE
-        for body, param in [({**chat, "tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
+        for body, param in [({**chat, "tools": TOOLS, "tool_choice": "always"}, "tool_choice"),
                             ({**chat, "tools": TOOLS, "tool_choice": {"type": "function",
-                                                                      "function": {"name": "get_weather"}}},
+                                                                      "function": {"name": "elsewhere"}}},
                              "tool_choice"),
+                            ({**chat, "tools": TOOLS, "tool_choice": "required",
+                              "response_format": {"type": "json_object"}}, "response_format"),
                             ({**chat, "tools": [{"type": "function"}]}, "tools"),
                             ({**chat, "tool_choice": "auto"}, "tool_choice"),
                             ({**chat, "chat_template_kwargs": {"namespace": 1}}, "chat_template_kwargs"),
@@ -202,3 +204,31 @@ def test_tool_requests_the_server_cannot_honour_are_400s(tool_bundle):
         with pytest.raises(openai.BadRequestError, match="legacy"):
             client(srv).chat.completions.create(model=MODEL, messages=chat["messages"], max_tokens=2,
                                                 functions=[{"name": "f"}])
+
+
+UNITS = [{"type": "function", "function": {"name": name, "parameters": {
+    "type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"],
+    "additionalProperties": False}}}
+    for name in ("temperature", "humidity")]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "humidity"}}])
+def test_a_forced_call_is_held_to_the_tools_grammar_even_for_a_model_that_never_calls(tool_bundle, choice):
+    """tool_choice "required" or a named function: the reply is decoded under the grammar of such a call (exact
+    under speculation, as any response_format), so even the tiny random model returns a valid call."""
+    with running(tool_bundle) as (srv, gen):
+        gen.chat_template = TOOLS_TEMPLATE
+        messages = [{"role": "user", "content": "how warm?"}]
+        for stream in (False, True):
+            kwargs = dict(model=MODEL, messages=messages, tools=UNITS, tool_choice=choice, max_tokens=60,
+                          temperature=0)
+            if stream:
+                parts = [p for p in client(srv).chat.completions.create(stream=True, **kwargs) if p.choices]
+                calls = [tc for p in parts for tc in p.choices[0].delta.tool_calls or []]
+                finish = parts[-1].choices[0].finish_reason
+            else:
+                reply = client(srv).chat.completions.create(**kwargs).choices[0]
+                calls, finish = reply.message.tool_calls, reply.finish_reason
+            assert finish == "tool_calls" and len(calls) == 1
+            assert calls[0].function.name in ({"humidity"} if isinstance(choice, dict) else {"temperature", "humidity"})
+            assert json.loads(calls[0].function.arguments)["unit"] in ("c", "f")

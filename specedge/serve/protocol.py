@@ -301,20 +301,47 @@ def _chat_ids(body: dict, gen, limits: Limits, tools: list[dict] | None) -> list
 
 def _tools(body: dict, gen) -> list[dict] | None:
     """The tools to give the template, or None: 'tool_choice' "auto" (the default with tools) lets the model call
-    them, "none" leaves them out of the prompt; forcing a call ("required", a named function) would need decoding
-    constrained to the call's grammar, which this server does not do. Calls are read back in the <tool_call>
-    format (runtime/tool_calls.py): a template that does not ask for it is refused rather than left unparsed."""
+    them, "required" or a named function makes it call one (see _forced_call), "none" leaves them out of the prompt.
+    Calls are read back in the <tool_call> format (runtime/tool_calls.py): a template that does not ask for it is
+    refused rather than left unparsed."""
     tools, choice = body.get("tools"), body.get("tool_choice")
-    if choice is not None and choice not in ("auto", "none"):
-        raise unsupported("tool_choice", choice, " ('auto' or 'none': forcing a call needs constrained decoding)")
-    if choice == "auto" and not tools:
+    if choice is not None and choice not in ("auto", "none", "required") and not _named(choice):
+        raise invalid("'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'function': "
+                      "{'name': ...}}", "tool_choice")
+    if choice not in (None, "none") and not tools:
         raise invalid("'tool_choice' needs 'tools'", "tool_choice")
     if not tools or choice == "none":
         return None
     if not template_calls_tools(gen.chat_template):
         raise invalid("this model's chat template does not ask for tool calls in the <tool_call> format that this "
                       "server parses (Qwen2.5, Qwen3, Hermes-style templates)", "tools")
-    return tools
+    try:
+        return tool_definitions(tools)
+    except OptionError as err:
+        raise invalid(str(err), "tools") from None
+
+
+def _named(choice) -> str | None:
+    function = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    return function.get("name") if isinstance(function, dict) and isinstance(function.get("name"), str) else None
+
+
+def _forced_call(body: dict, tools: list[dict] | None) -> dict | None:
+    """tool_choice "required" or a named function -> the response_format that holds the reply to such a call: the
+    call's JSON object alone, {"name": one of the tools, "arguments": what its parameters' schema allows}, which
+    runtime/tool_calls.py reads as a bare call. None where the model chooses."""
+    choice = body.get("tool_choice")
+    if not tools or choice in (None, "auto", "none"):
+        return None
+    name = _named(choice)
+    chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
+    if not chosen:
+        raise invalid(f"'tool_choice' names '{name}', which is not one of the tools", "tool_choice")
+    calls = [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
+              "required": ["name", "arguments"], "additionalProperties": False} for f in chosen]
+    # compact JSON: a model held to a grammar it did not choose may otherwise fill the allowed whitespace
+    schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "x-guidance": {"whitespace_flexible": False}}
+    return {"type": "json_schema", "json_schema": {"name": "tool_call", "schema": schema}}
 
 
 def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
@@ -353,6 +380,15 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
     if options["policy"] == "target":
         options["drafter"] = "model"            # the runtime runs the target alone; no drafter to check
     tools = _tools(body, gen) if kind == "chat" else None
+    forced = _forced_call(body, tools)
+    if forced is not None:
+        if options["response_format"] is not None:
+            raise invalid("'response_format' cannot be combined with a forced tool call", "response_format")
+        try:
+            grammar_of(forced)
+        except OptionError as err:
+            raise invalid(f"the tools' parameters: {err}", "tool_choice") from None
+        options["response_format"] = forced
     prompt_ids = _chat_ids(body, gen, limits, tools) if kind == "chat" else _prompt_ids(body, gen)
     n, context = len(prompt_ids), gen.max_seq_len
     if n == 0:

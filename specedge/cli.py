@@ -477,6 +477,9 @@ def _serve_extra(err: ImportError) -> SpecedgeError:
               help="Free KV slots keep their text: a request starting with it (a conversation's next turn, a shared "
                    "system prompt) prefills only the rest (usage.prompt_tokens_details.cached_tokens) [default: on "
                    "where that is exact: the cpu backend].")
+@click.option("--reasoning-parser/--no-reasoning-parser", "reasoning", default=True,
+              help="A reasoning model's thinking (<think>...</think>, where the chat template has it) comes back as "
+                   "message.reasoning_content, apart from content [default: on].")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--ray", "use_ray", is_flag=True,
@@ -497,8 +500,8 @@ def _serve_extra(err: ImportError) -> SpecedgeError:
 @gpu_options
 @target_rows_option
 def serve(bundle, host, port, max_batch, max_queue, api_key, served_model_name, policy, drafter, request_timeout,
-          drain_timeout, max_body_bytes, prompt_cache, log_level, use_ray, replicas, autoscale, target_ongoing_requests,
-          replica_cpus, ray_address, threads, backend, device_id, cuda_graphs, target_rows):
+          drain_timeout, max_body_bytes, prompt_cache, reasoning, log_level, use_ray, replicas, autoscale,
+          target_ongoing_requests, replica_cpus, ray_address, threads, backend, device_id, cuda_graphs, target_rows):
     """Serve a bundle over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /metrics)."""
     import logging
 
@@ -516,7 +519,7 @@ def serve(bundle, host, port, max_batch, max_queue, api_key, served_model_name, 
     config = EngineConfig(bundle=bundle, max_batch=max_batch, max_queue=max_queue, served_model_name=served_model_name,
                           policy=policy, drafter=drafter, request_timeout=request_timeout, threads=threads,
                           backend=backend, device_id=device_id, cuda_graphs=cuda_graphs, target_rows=_rows(target_rows),
-                          prompt_cache=prompt_cache)
+                          prompt_cache=prompt_cache, reasoning=reasoning)
     if use_ray:
         _serve_on_ray(config, host, port, api_key, drain_timeout, max_body_bytes, log_level, replicas, autoscale,
                       target_ongoing_requests, replica_cpus, ray_address)

@@ -103,6 +103,8 @@ def test_tools_and_tool_messages_render_as_transformers_renders_them():
 @pytest.fixture(scope="module")
 def tool_bundle(workdir):
     """A standard qwen2 pair with room for a tool definition and a call (the byte tokenizer spends a token a byte)."""
+    if (workdir / "tools-chat" / "manifest.json").exists():               # exported once per session
+        return workdir / "tools-chat"
     target = tm.make_model("qwen2", TARGET_ROWS, seed=1)
     draft = tm.perturbed(target, seed=3, noise=0.01)
     return _export(workdir, "tools-chat", target, draft, tm.byte_tokenizer(chat=True), attention="standard",

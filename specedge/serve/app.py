@@ -27,6 +27,7 @@ from starlette.routing import Route
 from specedge.errors import OptionError, SpecedgeError
 from specedge.runtime.scheduler import QueueFull
 from specedge.runtime.stats import GenerationStats
+from specedge.runtime.reasoning import ReasoningStream
 from specedge.runtime.tool_calls import ToolCallStream
 from specedge.serve import protocol
 from specedge.serve.bridge import Bridge, RequestTimeout
@@ -259,8 +260,12 @@ class Service:
                 yield _event(protocol.chunk(req, "", first=True))
             offsets = TextOffsets(self.token_text)       # completions' text_offset, carried from chunk to chunk
             calling = ToolCallStream(req.tools) if req.tools else None   # holds a tool call back until it is whole
+            thinking = ReasoningStream(req.thinking) if req.thinking is not None else None   # <think> apart
             try:
                 async for piece, logprobs in self._follow(handle, outcome):
+                    thought, piece = thinking.feed(piece) if thinking else ("", piece)
+                    if thought:
+                        yield _event(protocol.chunk(req, None, reasoning=thought))
                     piece = calling.feed(piece) if calling else piece
                     if piece or logprobs:
                         yield _event(protocol.chunk(req, piece, logprobs=self._logprobs(req, logprobs or [], offsets)))
@@ -274,6 +279,12 @@ class Service:
             spec = protocol.speculation(stats, req.speculation, stop)
             status = 200
             self._done(req, handle, stop, stats, started)    # counted before the client can see the end
+            thought, rest = thinking.finish() if thinking else ("", "")
+            if thought:
+                yield _event(protocol.chunk(req, None, reasoning=thought))
+            rest = calling.feed(rest) if calling else rest
+            if rest:
+                yield _event(protocol.chunk(req, rest))
             rest, calls = calling.finish() if calling else ("", [])
             if rest:
                 yield _event(protocol.chunk(req, rest))

@@ -29,6 +29,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     target_rows: str | int = "auto"
     prompt_cache: bool | None = None      # free slots keep their text (None: where exact; see runtime.load)
+    reasoning: bool = True                # thinking (<think>...</think>) as reasoning_content where the template has it
 
     def resolved_max_batch(self) -> int:
         """The KV slots a replica allocates (reads the manifest when max_batch is unset)."""
@@ -65,5 +66,5 @@ def load_engine(config: EngineConfig):
         gen.close()
         raise
     limits = Limits(model=config.model_name, policy=policy, drafter=config.drafter,
-                    request_timeout=config.request_timeout)
+                    request_timeout=config.request_timeout, reasoning=config.reasoning)
     return gen, limits

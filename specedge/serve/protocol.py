@@ -18,6 +18,7 @@ from specedge.errors import OptionError, SpecedgeError
 from specedge.runtime.grammar import grammar_of
 from specedge.runtime.logprobs import MAX_TOP_LOGPROBS
 from specedge.runtime.options import CHAT_ROLES, checked_text, template_kwargs, tool_definitions
+from specedge.runtime.reasoning import prompt_opens_thinking, split_reasoning, template_thinks
 from specedge.runtime.tool_calls import ToolCall, split_tool_calls, template_calls_tools, tool_names
 from specedge.serve.errors import APIError, invalid, unsupported
 
@@ -63,6 +64,7 @@ class Limits:
     drafter: str = "model"                   # default drafter
     request_timeout: float | None = 600.0    # seconds, the most a request may run (None: no limit)
     max_messages: int = MAX_MESSAGES
+    reasoning: bool = True                   # split <think> blocks into reasoning_content (where the template thinks)
 
 
 @dataclass
@@ -77,6 +79,7 @@ class ParsedRequest:
     speculation: str = ""                    # policy@drafter, for the log and the response
     tools: frozenset = frozenset()           # the tools' names where the reply may call them (tool_choice auto)
     one_tool_call: bool = False              # parallel_tool_calls false: the first call only
+    thinking: bool | None = None             # None: no reasoning split; else whether the prompt opened <think>
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -411,7 +414,15 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
     label = options["policy"] if options["policy"] == "target" else f"{options['policy']}@{options['drafter']}"
     timeout = timeout if timeout is not None else limits.request_timeout
     return ParsedRequest(kind, model, prompt_ids, options, stream, include_usage, timeout, label,
-                         tools=tool_names(tools), one_tool_call=body.get("parallel_tool_calls") is False)
+                         tools=tool_names(tools), one_tool_call=body.get("parallel_tool_calls") is False,
+                         thinking=_thinking(kind, prompt_ids, gen, limits))
+
+
+def _thinking(kind: str, prompt_ids: list[int], gen, limits: Limits) -> bool | None:
+    """None: the reply is not split; else whether the rendered prompt left a <think> block open."""
+    if kind != "chat" or not limits.reasoning or not template_thinks(gen.chat_template):
+        return None
+    return prompt_opens_thinking(gen.decode(prompt_ids[-16:]))
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -443,8 +454,11 @@ def response(req: ParsedRequest, text: str, completion_tokens: int, cached_token
              spec: dict, logprobs: dict | None = None) -> dict:
     """logprobs: the choice's block, already in the request kind's shape (serve/logprobs.py), or None."""
     if req.kind == "chat":
+        reasoning, text = split_reasoning(text, req.thinking) if req.thinking is not None else (None, text)
         content, calls = split_tool_calls(text, req.tools) if req.tools else (text, [])
         message = {"role": "assistant", "content": content, "refusal": None}
+        if req.thinking is not None:
+            message["reasoning_content"] = reasoning
         if calls:
             message["tool_calls"] = tool_calls(req, calls)
         choice = {"index": 0, "message": message, "logprobs": logprobs,
@@ -466,11 +480,13 @@ def tool_calls(req: ParsedRequest, calls: list[ToolCall]) -> list[dict]:
 
 
 def chunk(req: ParsedRequest, text: str | None, finish: str | None = None, first: bool = False,
-          logprobs: dict | None = None, calls: list[ToolCall] | None = None) -> dict:
-    """A streamed chunk carrying text and its tokens' logprobs block, or tool calls (whole, each with its index),
-    or, with finish, the finish reason."""
+          logprobs: dict | None = None, calls: list[ToolCall] | None = None, reasoning: str | None = None) -> dict:
+    """A streamed chunk carrying text and its tokens' logprobs block, or thinking (reasoning_content), or tool calls
+    (whole, each with its index), or, with finish, the finish reason."""
     if req.kind == "chat":
         delta = {} if finish else {"content": text}
+        if reasoning:
+            delta = {"reasoning_content": reasoning}
         if calls:
             delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(tool_calls(req, calls))]}
         if first:                                          # content null while a tool call may yet come, as OpenAI

@@ -1,0 +1,78 @@
+"""Reasoning models' thinking (<think>...</think>) apart from the answer: split whole and streamed (every cut of the
+text gives the same parts), and the server's reasoning_content, with a tool call after the thinking, with the block
+opened by the prompt, and turned off (a scripted target writes the replies)."""
+
+import json
+
+import pytest
+from serve_helpers import MODEL, running, script_target
+from test_serve import client
+from test_tool_calls import CALL, TOOLS, tool_bundle  # noqa: F401 - the fixture, shared
+
+from specedge.runtime.reasoning import ReasoningStream, split_reasoning
+
+# Qwen3-like: the assistant's earlier turns lose their thinking; OPENED ends the generation prompt inside <think>
+THINKING = ("{% for m in messages %}<|im_start|>{{ m.role }}\n"
+            "{% if m.role == 'assistant' and '</think>' in m.content %}{{ m.content.split('</think>')[-1] | trim }}"
+            "{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+OPENED = THINKING.replace("<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n<think>\n{% endif %}")
+REPLY = "<think>\nTwo and two.\n</think>\n\nIt is 4."
+
+
+@pytest.mark.parametrize("text,opened,parts", [
+    (REPLY, False, ("Two and two.", "It is 4.")),
+    ("  <think>x</think>y", False, ("x", "y")),
+    ("plain answer", False, (None, "plain answer")),
+    ("<think>\ncut off while thinking", False, ("cut off while thinking", "")),
+    ("Two and two.\n</think>\n\nIt is 4.", True, ("Two and two.", "It is 4.")),
+    ("a </th b </think> c", True, ("a </th b", "c")),
+    ("<think></think>", False, (None, "")),
+    ("<thi", False, (None, "<thi"))])
+def test_thinking_splits_the_same_whole_and_streamed(text, opened, parts):
+    assert split_reasoning(text, opened) == parts
+    for cut in range(len(text) + 1):
+        for pieces in ([text[:cut], text[cut:]], list(text)):
+            stream, thought, answer = ReasoningStream(opened), "", ""
+            for piece in [*pieces, None]:
+                a, b = stream.feed(piece) if piece is not None else stream.finish()
+                thought, answer = thought + a, answer + b
+            assert (thought or None, answer) == parts
+
+
+def _ask(srv, gen, template, reply, tools=None):
+    gen.chat_template = template
+    messages = [{"role": "user", "content": "2 + 2?"}]
+    script_target(gen, gen.tokenizer.encode(reply, add_special_tokens=False).ids,
+                  len(gen.encode_messages(messages, tools=tools)))
+    kwargs = dict(model=MODEL, messages=messages, max_tokens=200, temperature=0, **({"tools": tools} if tools else {}))
+    whole = client(srv).chat.completions.create(**kwargs).choices[0]
+    thought, answer = "", ""
+    for part in client(srv).chat.completions.create(stream=True, **kwargs):
+        if part.choices:
+            thought += (part.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+            answer += part.choices[0].delta.content or ""
+    return whole, thought, answer
+
+
+@pytest.mark.parametrize("template,reply", [(THINKING, REPLY), (OPENED, REPLY.removeprefix("<think>\n"))])
+def test_the_server_returns_thinking_as_reasoning_content(tool_bundle, template, reply):  # noqa: F811
+    with running(tool_bundle) as (srv, gen):
+        whole, thought, answer = _ask(srv, gen, template, reply)
+        assert whole.message.model_extra["reasoning_content"] == "Two and two." == thought
+        assert whole.message.content == "It is 4." == answer and whole.finish_reason == "stop"
+
+
+def test_a_tool_call_after_thinking_and_the_split_turned_off(tool_bundle):  # noqa: F811
+    tools_template = THINKING.replace("{% for m in messages %}", "{% if tools %}<tool_call> {{ tools | tojson }}\n"
+                                      "{% endif %}{% for m in messages %}")
+    with running(tool_bundle) as (srv, gen):
+        whole, thought, answer = _ask(srv, gen, tools_template, "<think>Weather.</think>\n\n" + CALL, TOOLS)
+        assert whole.finish_reason == "tool_calls" and whole.message.tool_calls[0].function.name == "get_weather"
+        assert whole.message.model_extra["reasoning_content"] == "Weather." == thought
+        assert whole.message.content is None and answer == ""
+        assert json.loads(whole.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+    with running(tool_bundle, reasoning=False) as (srv, gen):
+        whole, thought, answer = _ask(srv, gen, THINKING, REPLY)
+        assert whole.message.content == REPLY == answer and thought == ""
+        assert "reasoning_content" not in (whole.message.model_extra or {})

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from specedge.errors import ExportError
 from specedge.models.spec import ModelSpec
 from specedge.models.weights import WeightTable

@@ -19,8 +19,9 @@ from specedge.runtime.grammar import grammar_of
 from specedge.runtime.logprobs import MAX_TOP_LOGPROBS
 from specedge.runtime.options import CHAT_ROLES, checked_text, template_kwargs, tool_definitions
 from specedge.runtime.reasoning import prompt_opens_thinking, split_reasoning, template_thinks
-from specedge.runtime.tool_calls import ToolCall, split_tool_calls, template_calls_tools, tool_names
+from specedge.runtime.tool_calls import ToolCall, split_tool_calls, tool_names
 from specedge.serve.errors import APIError, invalid, unsupported
+from specedge.serve.tools import forced_call, message_tool_calls, requested_tools
 
 MAX_STOP = 4                  # OpenAI's limit
 MAX_STOP_CHARS = 256
@@ -302,51 +303,6 @@ def _chat_ids(body: dict, gen, limits: Limits, tools: list[dict] | None) -> list
         raise invalid(str(err), "messages") from err
 
 
-def _tools(body: dict, gen) -> list[dict] | None:
-    """The tools to give the template, or None: 'tool_choice' "auto" (the default with tools) lets the model call
-    them, "required" or a named function makes it call one (see _forced_call), "none" leaves them out of the prompt.
-    Calls are read back in the <tool_call> format (runtime/tool_calls.py): a template that does not ask for it is
-    refused rather than left unparsed."""
-    tools, choice = body.get("tools"), body.get("tool_choice")
-    if choice is not None and choice not in ("auto", "none", "required") and not _named(choice):
-        raise invalid("'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'function': "
-                      "{'name': ...}}", "tool_choice")
-    if choice not in (None, "none") and not tools:
-        raise invalid("'tool_choice' needs 'tools'", "tool_choice")
-    if not tools or choice == "none":
-        return None
-    if not template_calls_tools(gen.chat_template):
-        raise invalid("this model's chat template does not ask for tool calls in the <tool_call> format that this "
-                      "server parses (Qwen2.5, Qwen3, Hermes-style templates)", "tools")
-    try:
-        return tool_definitions(tools)
-    except OptionError as err:
-        raise invalid(str(err), "tools") from None
-
-
-def _named(choice) -> str | None:
-    function = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
-    return function.get("name") if isinstance(function, dict) and isinstance(function.get("name"), str) else None
-
-
-def _forced_call(body: dict, tools: list[dict] | None) -> dict | None:
-    """tool_choice "required" or a named function -> the response_format that holds the reply to such a call: the
-    call's JSON object alone, {"name": one of the tools, "arguments": what its parameters' schema allows}, which
-    runtime/tool_calls.py reads as a bare call. None where the model chooses."""
-    choice = body.get("tool_choice")
-    if not tools or choice in (None, "auto", "none"):
-        return None
-    name = _named(choice)
-    chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
-    if not chosen:
-        raise invalid(f"'tool_choice' names '{name}', which is not one of the tools", "tool_choice")
-    calls = [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
-              "required": ["name", "arguments"], "additionalProperties": False} for f in chosen]
-    # compact JSON: a model held to a grammar it did not choose may otherwise fill the allowed whitespace
-    schema = {**(calls[0] if len(calls) == 1 else {"anyOf": calls}), "x-guidance": {"whitespace_flexible": False}}
-    return {"type": "json_schema", "json_schema": {"name": "tool_call", "schema": schema}}
-
-
 def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
     """A request body (decoded JSON) -> ParsedRequest; APIError for anything invalid or unsupported."""
     if not isinstance(body, dict):
@@ -382,8 +338,8 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
                    **_speculation(body, limits))
     if options["policy"] == "target":
         options["drafter"] = "model"            # the runtime runs the target alone; no drafter to check
-    tools = _tools(body, gen) if kind == "chat" else None
-    forced = _forced_call(body, tools)
+    tools = requested_tools(body, gen) if kind == "chat" else None
+    forced = forced_call(body, tools)
     if forced is not None:
         if options["response_format"] is not None:
             raise invalid("'response_format' cannot be combined with a forced tool call", "response_format")
@@ -460,7 +416,7 @@ def response(req: ParsedRequest, text: str, completion_tokens: int, cached_token
         if req.thinking is not None:
             message["reasoning_content"] = reasoning
         if calls:
-            message["tool_calls"] = tool_calls(req, calls)
+            message["tool_calls"] = message_tool_calls(req.id, calls, req.one_tool_call)
         choice = {"index": 0, "message": message, "logprobs": logprobs,
                   "finish_reason": "tool_calls" if calls else finish_reason(stop_reason)}
         obj = "chat.completion"
@@ -469,14 +425,6 @@ def response(req: ParsedRequest, text: str, completion_tokens: int, cached_token
         obj = "text_completion"
     return {"id": _prefix(req), "object": obj, "created": req.created, "model": req.model, "choices": [choice],
             "usage": usage(len(req.prompt_ids), completion_tokens, cached_tokens), "speculation": spec}
-
-
-def tool_calls(req: ParsedRequest, calls: list[ToolCall]) -> list[dict]:
-    """OpenAI's tool_calls of a message (ids unique to the request); the first only where parallel calls were
-    turned off (OpenAI promises at most one then)."""
-    calls = calls[:1] if req.one_tool_call else calls
-    return [{"id": f"call_{req.id}_{i}", "type": "function",
-             "function": {"name": call.name, "arguments": call.arguments}} for i, call in enumerate(calls)]
 
 
 def chunk(req: ParsedRequest, text: str | None, finish: str | None = None, first: bool = False,
@@ -488,7 +436,8 @@ def chunk(req: ParsedRequest, text: str | None, finish: str | None = None, first
         if reasoning:
             delta = {"reasoning_content": reasoning}
         if calls:
-            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(tool_calls(req, calls))]}
+            shaped = message_tool_calls(req.id, calls, req.one_tool_call)
+            delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(shaped)]}
         if first:                                          # content null while a tool call may yet come, as OpenAI
             delta = {"role": "assistant", "content": None if req.tools else text or ""}
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}

@@ -140,7 +140,8 @@ def test_defaults_and_overrides_map_to_runtime_options(gen):
     assert fixed.prompt_ids == [1, 2, 3] and fixed.speculation == "fixed:4@ngram"
     assert fixed.options == dict(temperature=1.0, top_p=1.0, seed=3, stop=("\n",), top_k=5, ignore_eos=False,
                                  policy="fixed:4", drafter="ngram", max_new_tokens=5, logprobs=None, stop_ids=(),
-                                 response_format=None)
+                                 response_format=None, presence_penalty=0.0, frequency_penalty=0.0,
+                                 repetition_penalty=1.0)
 
 
 @pytest.mark.parametrize("body, param", [
@@ -149,7 +150,8 @@ def test_defaults_and_overrides_map_to_runtime_options(gen):
     ({"prompt": "x", "logprobs": 6}, "logprobs"),
     ({"prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids"),
     ({"prompt": "x", "stop_token_ids": "3"}, "stop_token_ids"),
-    ({"prompt": "x", "frequency_penalty": 0.1}, "frequency_penalty"),
+    ({"prompt": "x", "frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
     ({"prompt": "x", "made_up": 1}, "made_up"),
     ({"prompt": "x", "temperature": 2.5}, "temperature"),
     ({"prompt": "x", "top_p": 0}, "top_p"),

@@ -14,6 +14,7 @@ from specedge.errors import OptionError
 from specedge.runtime import load
 from specedge.runtime.backends.base import SlotCursor
 from specedge.runtime.grammar import _compiled, grammar_of, masked
+from specedge.runtime.penalties import Penalties
 from specedge.runtime.sampling import Warp
 
 NO_SPACE = {"x-guidance": {"whitespace_flexible": False}}      # the tiny models would otherwise wander in spaces
@@ -52,17 +53,21 @@ def test_rows_under_grammars_in_a_batch_equal_their_solo_runs(standard_bundles):
     assert [r.tokens for r in together(gen, requests)] == alone
 
 
-def test_sampling_under_a_grammar_is_distributed_like_the_targets_own(gen):
+@pytest.mark.parametrize("penalties", [{}, dict(frequency_penalty=1.5, repetition_penalty=1.3)])
+def test_sampling_under_a_grammar_is_distributed_like_the_targets_own(gen, penalties):
     """The grammar allows five strings; their exact probabilities under the target (each step's warped distribution
-    over the allowed tokens, renormalised) against 800 seeded speculative samples (k = 4)."""
+    over the allowed tokens, renormalised; with penalties, penalised for the text before it) against 800 seeded
+    speculative samples (k = 4)."""
     schema = {"enum": ["ab", "ba", "abba", "b", "aab"], **NO_SPACE}
     fmt = {"type": "json_schema", "json_schema": {"name": "e", "schema": schema}}
     warp, prompt = Warp(1.0, 0, 1.0), gen.encode("x")
+    by_hand = Penalties(penalties.get("presence_penalty", 0.0), penalties.get("frequency_penalty", 0.0),
+                        penalties.get("repetition_penalty", 1.0))
     exact = {}
 
     def walk(constraint, text: list[int], p: float):
         allowed = constraint.allowed()
-        logits = SlotCursor(gen.target).feed(prompt + text)[-1:]
+        logits = by_hand.apply(SlotCursor(gen.target).feed(prompt + text)[-1:], prompt, text, [])
         probs = warp.probs(masked(logits, [allowed]))[0]
         for token in np.flatnonzero(probs > 0):
             if token in gen.eos_ids:
@@ -76,7 +81,8 @@ def test_sampling_under_a_grammar_is_distributed_like_the_targets_own(gen):
     assert sorted(exact) == sorted(json.dumps(s) for s in schema["enum"]) and abs(sum(exact.values()) - 1) < 1e-6
     n, counts = 800, dict.fromkeys(exact, 0)
     for seed in range(n):
-        counts[gen.generate("x", max_new_tokens=12, temperature=1.0, seed=seed, k=4, response_format=fmt).text] += 1
+        counts[gen.generate("x", max_new_tokens=12, temperature=1.0, seed=seed, k=4, response_format=fmt,
+                            **penalties).text] += 1
     cells = [t for t in exact if exact[t] * n >= 5]
     observed = [counts[t] for t in cells] + [n - sum(counts[t] for t in cells)]
     expected = [exact[t] * n for t in cells] + [n - sum(exact[t] * n for t in cells)]

@@ -78,6 +78,14 @@ def catch_up(m: Models, s: Sequence) -> float:
     return seconds
 
 
+def shaped(s: Sequence, rows: np.ndarray, drafts: list[int], masks: list, before: list[int] = ()) -> np.ndarray:
+    """What a row decides on: the model's logits rows [n, V] (row j after s's text, `before`, and drafts[:j]),
+    penalised for the text before each row, then masked by its grammar (masks: one allowed set per row)."""
+    if s.penalties is not None:
+        rows = s.penalties.apply(rows, s.prompt_ids, s.generated + list(before), drafts)
+    return masked(rows, masks) if s.constraint is not None else rows
+
+
 def allowed_lookup(s: Sequence, proposal: list[int], masks: list) -> list[int]:
     """A constrained row's looked-up drafts: the prefix the grammar allows, consumed, each position's mask kept."""
     kept = []
@@ -125,7 +133,8 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
         hi = max(s.slot for s in live) + 1
         starts = [seq.dft_pos for seq in span[:hi]]
         tokens = [feed.get(id(seq), []) for seq in span[:hi]]
-        logits = sampled or any(s.policy.early_stop or s.constraint is not None for s in live)
+        logits = sampled or any(s.policy.early_stop or s.constraint is not None or s.penalties is not None
+                                for s in live)
         out, seconds = timed(m.draft.run, starts, tokens, [1 if t else 0 for t in tokens],
                               want="logits" if logits else "ids")
         record.model_s += seconds
@@ -136,12 +145,15 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
             s.dft_pos += len(feed[id(s)])
             calls[id(s)] += 1
             row = out[s.slot][-1]
+            allowed = []
             if s.constraint is not None:
-                allowed = s.constraint.allowed()
-                if not allowed.any():                  # the grammar has ended (after an eos): nothing to draft
+                allowed = [s.constraint.allowed()]
+                if not allowed[0].any():               # the grammar has ended (after an eos): nothing to draft
                     continue
-                masks[id(s)].append(allowed)
-                row = masked(row[None], [allowed])[0]
+                masks[id(s)].append(allowed[0])
+            if s.constraint is not None or s.penalties is not None:
+                # the row after this row's drafts so far: penalised as if they were generated
+                row = shaped(s, row[None], [], allowed, before=drafts[id(s)])[0]
             if row.dtype == np.int64:
                 token, confidence = int(row), None
             elif s.warp.greedy:
@@ -199,8 +211,9 @@ def speculative_step(m: Models, rows: list[Sequence], span: list[Sequence]) -> t
     for s in rows:
         d, rows_out = drafts.get(id(s), []), out[s.slot]
         judged = rows_out
-        if s.constraint is not None:       # each row masked by the state after the drafts before it
-            judged = masked(rows_out, masks.get(id(s), []) + [s.constraint.verify_mask()])
+        if s.constraint is not None or s.penalties is not None:   # each row as after the drafts before it
+            allowed = masks.get(id(s), []) + [s.constraint.verify_mask()] if s.constraint is not None else []
+            judged = shaped(s, rows_out, d, allowed)
         n, token, p = judge(s.warp, s.rng, d, judged, q.get(id(s)))
         if s.constraint is not None:       # back to the committed text, then what this step commits
             s.constraint.pop(len(d))

@@ -23,6 +23,7 @@ from specedge.runtime.backends.cpu import spinning_mode
 from specedge.runtime.batch_step import Models
 from specedge.runtime.chat import render_chat
 from specedge.runtime.grammar import GrammarTokens, grammar_of
+from specedge.runtime.penalties import penalties_of
 from specedge.runtime.fim import find_fim, fim_ids
 from specedge.runtime.manifest import read_manifest
 from specedge.runtime.options import (chat_messages, checked_text, generation_options, integer, template_kwargs,
@@ -282,6 +283,7 @@ class Generator:
                        on_token=on_token,
                        tokens=list(prompt_ids), started=time.perf_counter(),
                        logprobs=None if opts.logprobs is None else [], constraint=self._constraint(opts),
+                       penalties=penalties_of(opts),
                        **({} if outbox is None else {"outbox": outbox}))
         seq.stats.prompt_tokens = len(prompt_ids)
         with self.scheduler.wake:               # the worker decides to exit under this lock, seeing the queue empty

@@ -215,5 +215,15 @@ def generation_options(options: dict, max_draft: int) -> GenerationOptions:
         seed=None if o.seed is None else integer("seed", o.seed, 0, 2**63 - 1),
         k=k, use_draft=flag("use_draft", o.use_draft), chat=flag("chat", o.chat),
         ignore_eos=flag("ignore_eos", o.ignore_eos), stop=stop_strings(o.stop), stop_ids=stop_ids(o.stop_ids),
-        logprobs=None if o.logprobs is None else integer("logprobs", o.logprobs, 0, MAX_TOP_LOGPROBS))
+        logprobs=None if o.logprobs is None else integer("logprobs", o.logprobs, 0, MAX_TOP_LOGPROBS),
+        presence_penalty=_ranged("presence_penalty", o.presence_penalty, -2.0, 2.0),
+        frequency_penalty=_ranged("frequency_penalty", o.frequency_penalty, -2.0, 2.0),
+        repetition_penalty=_ranged("repetition_penalty", o.repetition_penalty, 0.0, 10.0, low_open=True))
+
+
+def _ranged(name: str, value, low: float, high: float, low_open: bool = False) -> float:
+    value = real(name, value)
+    if not (low < value if low_open else low <= value) or value > high:
+        raise OptionError(f"{name} must be in {'(' if low_open else '['}{low:g}, {high:g}], got {value}")
+    return value
 

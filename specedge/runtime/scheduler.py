@@ -25,8 +25,7 @@ import time
 from collections import Counter, deque
 
 from specedge.errors import SpecedgeError
-from specedge.runtime.batch_step import Models, StepRecord, draft_ready, speculative_step, timed
-from specedge.runtime.grammar import masked
+from specedge.runtime.batch_step import Models, StepRecord, draft_ready, shaped, speculative_step, timed
 from specedge.runtime.logprobs import token_logprobs
 from specedge.runtime.prompt_cache import PromptCache
 from specedge.runtime.sequences import GenerationResult, Sequence
@@ -208,7 +207,7 @@ class Scheduler:
         s.stats.prefill_s += time.perf_counter() - t
         if final:
             constrained = s.constraint is not None
-            rows = masked(out[-1:], [s.constraint.verify_mask()]) if constrained else out[-1:]
+            rows = shaped(s, out[-1:], [], [s.constraint.verify_mask()] if constrained else [])
             _, token, _ = judge(s.warp, s.rng, [], rows, None)
             if constrained:
                 s.constraint.consume(token)

@@ -39,6 +39,9 @@ class GenerationOptions:
     ignore_eos: bool = False        # run to max_new_tokens (benchmarks, tests)
     logprobs: int | None = None     # None: off; n >= 0: each generated token's logprob, the n likeliest at its place
     response_format: dict | None = None   # OpenAI's: {"type": "json_object"} or a json_schema (runtime/grammar.py)
+    presence_penalty: float = 0.0   # OpenAI's, over generated tokens (runtime/penalties.py)
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # multiplicative, over prompt and generated tokens (1 = off)
 
 
 @dataclass
@@ -108,6 +111,7 @@ class Sequence:
     stats: GenerationStats = field(default_factory=GenerationStats)
     logprobs: list[TokenLogprob] | None = None         # per generated token, when opts.logprobs is set
     constraint: object = None       # a grammar.Constraint when opts.response_format asks for structure
+    penalties: object = None        # a penalties.Penalties when the options set any
     # ("text", piece, ids, logprobs of ids or None) ... then ("done", result) | ("error", exc)
     outbox: queue.Queue = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -121,7 +125,8 @@ class Sequence:
     @property
     def wants_logits(self) -> bool:
         """Whether the target must return logits for this row (sampling, logprobs, a grammar), not argmax ids."""
-        return not self.warp.greedy or self.opts.logprobs is not None or self.constraint is not None
+        return (not self.warp.greedy or self.opts.logprobs is not None or self.constraint is not None
+                or self.penalties is not None)
 
     @property
     def uses_draft_model(self) -> bool:

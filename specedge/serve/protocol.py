@@ -33,8 +33,7 @@ FINISH = {"eos": "stop", "stop_string": "stop", "max_new_tokens": "length", "max
 
 _ANY = object()
 # parameter -> the values accepted although not acted on (defaults): anything else is a 400
-_DEFAULT_ONLY_COMMON = {"n": (None, 1), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-                        "logit_bias": (None, {}), "service_tier": (None, "auto", "default")}
+_DEFAULT_ONLY_COMMON = {"n": (None, 1), "logit_bias": (None, {}), "service_tier": (None, "auto", "default")}
 _DEFAULT_ONLY = {
     "completion": {**_DEFAULT_ONLY_COMMON, "best_of": (None, 1), "echo": (None, False)},
     "chat": {**_DEFAULT_ONLY_COMMON, "functions": (None, []), "function_call": (None, "none", "auto"),
@@ -47,10 +46,12 @@ _METADATA = {"user", "metadata", "parallel_tool_calls", "safety_identifier", "pr
 _HONOURED = {
     "completion": {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
                    "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "suffix",
-                   "stop_token_ids", "response_format"},
+                   "stop_token_ids", "response_format", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty"},
     "chat": {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
              "stream", "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "top_logprobs",
-             "stop_token_ids", "chat_template_kwargs", "tools", "tool_choice", "response_format"},
+             "stop_token_ids", "chat_template_kwargs", "tools", "tool_choice", "response_format", "presence_penalty",
+             "frequency_penalty", "repetition_penalty"},
 }
 _WHY = {"n": " (one choice per request)", "best_of": " (one choice per request)",
         "functions": " (the legacy form: use 'tools')", "function_call": " (the legacy form: use 'tool_choice')",
@@ -335,6 +336,9 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
                    top_k=_integer(body, "top_k", 0) or 0, ignore_eos=_bool(body, "ignore_eos"),
                    logprobs=_logprobs(body, kind), stop_ids=_stop_ids(body, gen.vocab_size),
                    response_format=_response_format(body),
+                   presence_penalty=_number(body, "presence_penalty", -2, 2, 0.0),
+                   frequency_penalty=_number(body, "frequency_penalty", -2, 2, 0.0),
+                   repetition_penalty=_number(body, "repetition_penalty", 0, 10, 1.0, lo_open=True),
                    **_speculation(body, limits))
     if options["policy"] == "target":
         options["drafter"] = "model"            # the runtime runs the target alone; no drafter to check

@@ -1,0 +1,50 @@
+"""Repetition penalties on the target's (and the draft's) logits, as vLLM applies them: OpenAI's presence and
+frequency penalties over the generated tokens, and the multiplicative repetition penalty (CTRL's, llama.cpp's
+repeat penalty) over prompt and generated tokens alike.
+
+Under speculation a verify row judges the token after the drafts before it, so row j is penalised as if those
+drafts were already generated: the target decides exactly as it would one token at a time (tests check this against
+a one-token-at-a-time reference). The draft's rows get the same treatment, so that its drafts are what the target
+would pick more often; the lossless rule holds whatever distribution drafts came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Penalties:
+    presence: float = 0.0          # subtracted once from every token already generated
+    frequency: float = 0.0         # subtracted per time a token was generated
+    repetition: float = 1.0        # > 1: a seen token's positive logit divided, negative multiplied (prompt included)
+
+    @property
+    def active(self) -> bool:
+        return self.presence != 0.0 or self.frequency != 0.0 or self.repetition != 1.0
+
+    def apply(self, logits: np.ndarray, prompt: list[int], generated: list[int], drafts: list[int]) -> np.ndarray:
+        """logits [n, V]: row j follows prompt + generated + drafts[:j] -> a penalised float32 copy."""
+        out = np.array(logits, dtype=np.float32, copy=True)
+        vocab = out.shape[-1]
+        counts = np.bincount(np.asarray(generated, dtype=np.int64), minlength=vocab)[:vocab].astype(np.float32)
+        seen = np.zeros(vocab, dtype=bool)
+        if self.repetition != 1.0:
+            seen[[t for t in prompt if t < vocab]] = True
+        for j in range(out.shape[0]):
+            if j:
+                counts[drafts[j - 1]] += 1.0
+            row = out[j]
+            if self.repetition != 1.0:
+                hit = seen | (counts > 0)
+                row[hit] = np.where(row[hit] > 0, row[hit] / self.repetition, row[hit] * self.repetition)
+            row -= self.frequency * counts + self.presence * (counts > 0)
+        return out
+
+
+def penalties_of(opts) -> Penalties | None:
+    """A request's penalties (GenerationOptions), None when none is set."""
+    penalties = Penalties(opts.presence_penalty, opts.frequency_penalty, opts.repetition_penalty)
+    return penalties if penalties.active else None

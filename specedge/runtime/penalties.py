@@ -26,21 +26,26 @@ class Penalties:
         return self.presence != 0.0 or self.frequency != 0.0 or self.repetition != 1.0
 
     def apply(self, logits: np.ndarray, prompt: list[int], generated: list[int], drafts: list[int]) -> np.ndarray:
-        """logits [n, V]: row j follows prompt + generated + drafts[:j] -> a penalised float32 copy."""
+        """logits [n, V]: row j follows prompt + generated + drafts[:j] -> a penalised float32 copy (only the columns
+        of tokens seen are touched: a row of 150k logits is copied, not recomputed)."""
         out = np.array(logits, dtype=np.float32, copy=True)
         vocab = out.shape[-1]
-        counts = np.bincount(np.asarray(generated, dtype=np.int64), minlength=vocab)[:vocab].astype(np.float32)
-        seen = np.zeros(vocab, dtype=bool)
-        if self.repetition != 1.0:
-            seen[[t for t in prompt if t < vocab]] = True
+        counts: dict[int, int] = {}
+        for t in generated:
+            counts[t] = counts.get(t, 0) + 1
+        in_prompt = set(prompt) if self.repetition != 1.0 else set()
         for j in range(out.shape[0]):
             if j:
-                counts[drafts[j - 1]] += 1.0
+                counts[drafts[j - 1]] = counts.get(drafts[j - 1], 0) + 1
             row = out[j]
             if self.repetition != 1.0:
-                hit = seen | (counts > 0)
-                row[hit] = np.where(row[hit] > 0, row[hit] / self.repetition, row[hit] * self.repetition)
-            row -= self.frequency * counts + self.presence * (counts > 0)
+                hit = np.fromiter((t for t in in_prompt | counts.keys() if t < vocab), dtype=np.int64)
+                values = row[hit]
+                row[hit] = np.where(values > 0, values / self.repetition, values * self.repetition)
+            if self.presence or self.frequency:
+                ids = np.fromiter((t for t in counts if t < vocab), dtype=np.int64)
+                times = np.fromiter((counts[t] for t in counts if t < vocab), dtype=np.float32)
+                row[ids] -= self.frequency * times + self.presence
         return out
 
 

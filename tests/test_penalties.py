@@ -1,6 +1,7 @@
-"""Repetition penalties (presence, frequency: OpenAI's; repetition: multiplicative): the target-only output equals
-a one-token-at-a-time reference that penalises by hand; speculative output equals the target-only output for every
-drafter and policy, under a grammar too and batched; bad values are clear errors; the server takes them."""
+"""Repetition penalties (presence, frequency: OpenAI's; repetition: multiplicative) and logit_bias: the target-only
+output equals a one-token-at-a-time reference that penalises by hand; speculative output equals the target-only
+output for every drafter and policy, under a grammar too and batched; bad values are clear errors; the server takes
+them."""
 
 import numpy as np
 import pytest
@@ -84,9 +85,23 @@ def test_the_server_takes_penalties(workdir):
 
     with running(serve_bundle(workdir)) as (srv, gen):
         r = client(srv).completions.create(model=MODEL, prompt="the cat", max_tokens=30, temperature=0,
-                                           frequency_penalty=1.2, presence_penalty=0.4,
+                                           frequency_penalty=1.2, presence_penalty=0.4, logit_bias={"65": 2.5},
                                            extra_body={"repetition_penalty": 1.3})
         alone = gen.generate("the cat", max_new_tokens=30, frequency_penalty=1.2, presence_penalty=0.4,
-                             repetition_penalty=1.3)
+                             repetition_penalty=1.3, logit_bias={65: 2.5})
         assert r.choices[0].text == alone.text
         assert alone.tokens != gen.generate("the cat", max_new_tokens=30).tokens       # the penalties did something
+
+
+def test_logit_bias_steers_like_openais_and_speculation_keeps_it_exact(gen):
+    """+100 on a token makes greedy output that token; -100 bans one; speculation under a bias is the target's own."""
+    plain = gen.generate("the cat", max_new_tokens=20, k=0)
+    banned = plain.tokens[0]
+    steered = gen.generate("the cat", max_new_tokens=20, k=0, logit_bias={banned: -100, "65": 3.5})
+    assert banned not in steered.tokens
+    assert gen.generate("the cat", max_new_tokens=20, k=4, logit_bias={banned: -100, "65": 3.5}).tokens == steered.tokens
+    assert set(gen.generate("x", max_new_tokens=5, k=4, logit_bias={"66": 100}, ignore_eos=True).tokens) == {66}
+    for bad, match in [({"x": 1}, "logit_bias keys must be token ids"), ({5: 101}, r"logit_bias\[5\] must be in"),
+                       ({10**6: 1}, "outside the vocabulary")]:
+        with pytest.raises(OptionError, match=match):
+            gen.generate("x", max_new_tokens=2, logit_bias=bad)

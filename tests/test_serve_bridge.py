@@ -141,7 +141,7 @@ def test_defaults_and_overrides_map_to_runtime_options(gen):
     assert fixed.options == dict(temperature=1.0, top_p=1.0, seed=3, stop=("\n",), top_k=5, ignore_eos=False,
                                  policy="fixed:4", drafter="ngram", max_new_tokens=5, logprobs=None, stop_ids=(),
                                  response_format=None, presence_penalty=0.0, frequency_penalty=0.0,
-                                 repetition_penalty=1.0)
+                                 repetition_penalty=1.0, logit_bias=None)
 
 
 @pytest.mark.parametrize("body, param", [

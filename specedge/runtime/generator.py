@@ -248,6 +248,7 @@ class Generator:
         """Validated options (every bound explicit: a bad one is a one-line OptionError)."""
         opts = generation_options(options, self.max_draft)
         token_ids(opts.stop_ids, self.vocab_size)            # in the vocabulary
+        token_ids(list(opts.logit_bias or ()), self.vocab_size)
         if self.draft is None and "k" not in options and opts.policy is None and opts.drafter == "model":
             opts = replace(opts, k=0)         # a target-only bundle runs the target alone unless asked to draft
         spec = self._policy_spec(opts)

@@ -218,7 +218,24 @@ def generation_options(options: dict, max_draft: int) -> GenerationOptions:
         logprobs=None if o.logprobs is None else integer("logprobs", o.logprobs, 0, MAX_TOP_LOGPROBS),
         presence_penalty=_ranged("presence_penalty", o.presence_penalty, -2.0, 2.0),
         frequency_penalty=_ranged("frequency_penalty", o.frequency_penalty, -2.0, 2.0),
-        repetition_penalty=_ranged("repetition_penalty", o.repetition_penalty, 0.0, 10.0, low_open=True))
+        repetition_penalty=_ranged("repetition_penalty", o.repetition_penalty, 0.0, 10.0, low_open=True),
+        logit_bias=logit_bias(o.logit_bias))
+
+
+def logit_bias(bias) -> dict | None:
+    """OpenAI's logit_bias: {token id (an int, or its decimal string as JSON carries it): -100..100} -> {int: float}
+    (the vocabulary is checked by the generator). None or {}: none."""
+    if not bias:
+        return None
+    if not isinstance(bias, dict):
+        raise OptionError(f"logit_bias must be a dict of token ids to numbers, got {type(bias).__name__}")
+    out = {}
+    for key, value in bias.items():
+        token = int(key) if isinstance(key, str) and key.isdigit() else key
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise OptionError(f"logit_bias keys must be token ids, got {key!r}")
+        out[token] = _ranged(f"logit_bias[{key}]", value, -100.0, 100.0)
+    return out
 
 
 def _ranged(name: str, value, low: float, high: float, low_open: bool = False) -> float:

@@ -1,6 +1,6 @@
 """Repetition penalties on the target's (and the draft's) logits, as vLLM applies them: OpenAI's presence and
 frequency penalties over the generated tokens, and the multiplicative repetition penalty (CTRL's, llama.cpp's
-repeat penalty) over prompt and generated tokens alike.
+repeat penalty) over prompt and generated tokens alike; and OpenAI's logit_bias, added last.
 
 Under speculation a verify row judges the token after the drafts before it, so row j is penalised as if those
 drafts were already generated: the target decides exactly as it would one token at a time (tests check this against
@@ -20,10 +20,11 @@ class Penalties:
     presence: float = 0.0          # subtracted once from every token already generated
     frequency: float = 0.0         # subtracted per time a token was generated
     repetition: float = 1.0        # > 1: a seen token's positive logit divided, negative multiplied (prompt included)
+    bias: tuple = ()               # ((token id, added to its logit), ...): OpenAI's logit_bias
 
     @property
     def active(self) -> bool:
-        return self.presence != 0.0 or self.frequency != 0.0 or self.repetition != 1.0
+        return self.presence != 0.0 or self.frequency != 0.0 or self.repetition != 1.0 or bool(self.bias)
 
     def apply(self, logits: np.ndarray, prompt: list[int], generated: list[int], drafts: list[int]) -> np.ndarray:
         """logits [n, V]: row j follows prompt + generated + drafts[:j] -> a penalised float32 copy (only the columns
@@ -46,10 +47,14 @@ class Penalties:
                 ids = np.fromiter((t for t in counts if t < vocab), dtype=np.int64)
                 times = np.fromiter((counts[t] for t in counts if t < vocab), dtype=np.float32)
                 row[ids] -= self.frequency * times + self.presence
+        if self.bias:
+            ids, values = zip(*self.bias)
+            out[:, list(ids)] += np.asarray(values, dtype=np.float32)
         return out
 
 
 def penalties_of(opts) -> Penalties | None:
     """A request's penalties (GenerationOptions), None when none is set."""
-    penalties = Penalties(opts.presence_penalty, opts.frequency_penalty, opts.repetition_penalty)
+    bias = tuple(sorted((int(t), float(v)) for t, v in (opts.logit_bias or {}).items()))
+    penalties = Penalties(opts.presence_penalty, opts.frequency_penalty, opts.repetition_penalty, bias)
     return penalties if penalties.active else None

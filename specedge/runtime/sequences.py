@@ -42,6 +42,7 @@ class GenerationOptions:
     presence_penalty: float = 0.0   # OpenAI's, over generated tokens (runtime/penalties.py)
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # multiplicative, over prompt and generated tokens (1 = off)
+    logit_bias: dict | None = None  # {token id: -100..100 added to its logit} (OpenAI's)
 
 
 @dataclass

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from specedge.errors import OptionError, SpecedgeError
 from specedge.runtime.grammar import grammar_of
 from specedge.runtime.logprobs import MAX_TOP_LOGPROBS
-from specedge.runtime.options import CHAT_ROLES, checked_text, template_kwargs, tool_definitions
+from specedge.runtime.options import (CHAT_ROLES, checked_text, logit_bias, template_kwargs, token_ids,
+                                      tool_definitions)
 from specedge.runtime.reasoning import prompt_opens_thinking, split_reasoning, template_thinks
 from specedge.runtime.tool_calls import ToolCall, split_tool_calls, tool_names
 from specedge.serve.errors import APIError, invalid, unsupported
@@ -33,7 +34,7 @@ FINISH = {"eos": "stop", "stop_string": "stop", "max_new_tokens": "length", "max
 
 _ANY = object()
 # parameter -> the values accepted although not acted on (defaults): anything else is a 400
-_DEFAULT_ONLY_COMMON = {"n": (None, 1), "logit_bias": (None, {}), "service_tier": (None, "auto", "default")}
+_DEFAULT_ONLY_COMMON = {"n": (None, 1), "service_tier": (None, "auto", "default")}
 _DEFAULT_ONLY = {
     "completion": {**_DEFAULT_ONLY_COMMON, "best_of": (None, 1), "echo": (None, False)},
     "chat": {**_DEFAULT_ONLY_COMMON, "functions": (None, []), "function_call": (None, "none", "auto"),
@@ -47,11 +48,11 @@ _HONOURED = {
     "completion": {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
                    "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "suffix",
                    "stop_token_ids", "response_format", "presence_penalty", "frequency_penalty",
-                   "repetition_penalty"},
+                   "repetition_penalty", "logit_bias"},
     "chat": {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
              "stream", "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "top_logprobs",
              "stop_token_ids", "chat_template_kwargs", "tools", "tool_choice", "response_format", "presence_penalty",
-             "frequency_penalty", "repetition_penalty"},
+             "frequency_penalty", "repetition_penalty", "logit_bias"},
 }
 _WHY = {"n": " (one choice per request)", "best_of": " (one choice per request)",
         "functions": " (the legacy form: use 'tools')", "function_call": " (the legacy form: use 'tool_choice')",
@@ -145,6 +146,15 @@ def _check_parameters(body: dict, kind: str) -> None:
                 raise unsupported(name, body[name], _WHY.get(name, ""))
             continue
         raise APIError(400, f"Unrecognized request argument supplied: {name}", name, "unrecognized_argument")
+
+
+def _logit_bias(body: dict, vocab_size: int) -> dict | None:
+    try:
+        bias = logit_bias(body.get("logit_bias"))
+        token_ids(list(bias or ()), vocab_size)
+    except OptionError as err:
+        raise invalid(str(err), "logit_bias") from None
+    return bias
 
 
 def _response_format(body: dict) -> dict | None:
@@ -339,6 +349,7 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
                    presence_penalty=_number(body, "presence_penalty", -2, 2, 0.0),
                    frequency_penalty=_number(body, "frequency_penalty", -2, 2, 0.0),
                    repetition_penalty=_number(body, "repetition_penalty", 0, 10, 1.0, lo_open=True),
+                   logit_bias=_logit_bias(body, gen.vocab_size),
                    **_speculation(body, limits))
     if options["policy"] == "target":
         options["drafter"] = "model"            # the runtime runs the target alone; no drafter to check

@@ -99,7 +99,8 @@ def test_logit_bias_steers_like_openais_and_speculation_keeps_it_exact(gen):
     banned = plain.tokens[0]
     steered = gen.generate("the cat", max_new_tokens=20, k=0, logit_bias={banned: -100, "65": 3.5})
     assert banned not in steered.tokens
-    assert gen.generate("the cat", max_new_tokens=20, k=4, logit_bias={banned: -100, "65": 3.5}).tokens == steered.tokens
+    spec = gen.generate("the cat", max_new_tokens=20, k=4, logit_bias={banned: -100, "65": 3.5})
+    assert spec.tokens == steered.tokens
     assert set(gen.generate("x", max_new_tokens=5, k=4, logit_bias={"66": 100}, ignore_eos=True).tokens) == {66}
     for bad, match in [({"x": 1}, "logit_bias keys must be token ids"), ({5: 101}, r"logit_bias\[5\] must be in"),
                        ({10**6: 1}, "outside the vocabulary")]:

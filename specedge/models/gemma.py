@@ -74,8 +74,9 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
         h = rms_norm(x, f"{p}.input_layernorm.weight")
-        qkv = graph.fused_linear(h, f"{p}.self_attn.qkv_proj", [part(f"{p}.self_attn.{name}_proj", e, n, spec.qkv_bias)
-                                                                for name, n in (("q", q_out), ("k", kv_out), ("v", kv_out))])
+        projections = (("q", q_out), ("k", kv_out), ("v", kv_out))
+        qkv = graph.fused_linear(h, f"{p}.self_attn.qkv_proj",
+                                 [part(f"{p}.self_attn.{name}_proj", e, n, spec.qkv_bias) for name, n in projections])
         context = graph.attention(i, qkv, head_norms(p))
         o = graph.linear(context, *part(f"{p}.self_attn.o_proj", q_out, e, spec.o_bias))
         x = b.op("Add", x, rms_norm(o, f"{p}.post_attention_layernorm.weight"))

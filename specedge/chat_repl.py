@@ -14,6 +14,7 @@ import click
 
 from specedge.errors import SpecedgeError
 from specedge.interrupts import interrupt_handled
+from specedge.runtime.reasoning import ReasoningStream, prompt_opens_thinking, template_thinks
 
 HELP = ('/reset starts a new conversation, /exit (or Ctrl+D) ends; Ctrl+C stops a reply; several lines: between two '
         '""" lines, or end a line with \\')
@@ -89,19 +90,38 @@ def read_message(read) -> str:
 
 
 def _reply(gen, messages: list[dict], options: dict):
-    """Streams one reply -> (result, seconds to its first text). Ctrl+C cancels it: what it said so far stays."""
+    """Streams one reply -> (result, seconds to its first text). Ctrl+C cancels it: what it said so far stays. A
+    reasoning model's thinking (<think>...</think>, where the template has it) is shown dimmed, apart from the
+    answer."""
     t = time.perf_counter()
     first = None
-    stream = gen.stream_chat(messages, **options)
+    ids = gen.encode_messages(messages)
+    thinking = (ReasoningStream(prompt_opens_thinking(gen.decode(ids[-16:])))
+                if template_thinks(gen.chat_template) else None)
+    stream = gen.stream_ids(ids, **options)
+
+    shown = {"thought": False, "answer": False}
+
+    def show(thought: str, answer: str) -> None:
+        if thought:
+            click.echo(click.style(thought, dim=True), nl=False)
+            shown["thought"] = True
+        if answer:
+            new_line = shown["thought"] and not shown["answer"]     # the answer starts below the thinking
+            click.echo("\n" * new_line + answer, nl=False)
+            shown["answer"] = True
+
     try:
         for piece in stream:
             if piece and first is None:
                 first = time.perf_counter() - t
-            click.echo(piece, nl=False)
+            show(*(thinking.feed(piece) if thinking else ("", piece)))
     except KeyboardInterrupt:                       # stop the reply (wherever Ctrl+C landed); show what it said
         stream.cancel()
         interrupt_handled()
         for piece in stream:
-            click.echo(piece, nl=False)
+            show(*(thinking.feed(piece) if thinking else ("", piece)))
+    if thinking:
+        show(*thinking.finish())
     click.echo()
     return stream.result, first

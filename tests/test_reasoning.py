@@ -76,3 +76,19 @@ def test_a_tool_call_after_thinking_and_the_split_turned_off(tool_bundle):  # no
         whole, thought, answer = _ask(srv, gen, THINKING, REPLY)
         assert whole.message.content == REPLY == answer and thought == ""
         assert "reasoning_content" not in (whole.message.model_extra or {})
+
+
+def test_specedge_chat_shows_thinking_apart_from_the_answer(tool_bundle, capsys):  # noqa: F811
+    """The terminal conversation: the thinking (dimmed on a terminal), then the answer on its own line; the turn's
+    reply keeps both (the template drops old thinking from the history, as Qwen3's does)."""
+    from specedge.chat_repl import _reply
+    from specedge.runtime import load
+
+    gen = load(tool_bundle)
+    gen.chat_template = THINKING
+    messages = [{"role": "user", "content": "2 + 2?"}]
+    script_target(gen, gen.tokenizer.encode(REPLY, add_special_tokens=False).ids, len(gen.encode_messages(messages)))
+    result, _ = _reply(gen, messages, dict(max_new_tokens=60))
+    assert result.text.startswith(REPLY)
+    assert capsys.readouterr().out == "Two and two.\nIt is 4.\n"
+    gen.close()

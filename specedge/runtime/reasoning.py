@@ -9,6 +9,8 @@ generation prompt with "<think>\\n", as DeepSeek-R1's distills do): `opened` say
 
 from __future__ import annotations
 
+from specedge.runtime.text import partial_tag
+
 START, END = "<think>", "</think>"
 
 
@@ -52,8 +54,7 @@ class ReasoningStream:
         reasoning, content = split_reasoning(self.text, self.opened)
         if END in self.text:
             return reasoning or "", content
-        keep = next((n for n in range(len(END) - 1, 0, -1) if self.text.endswith(END[:n])), 0)
-        body = self.text[:len(self.text) - keep]
+        body = self.text[:len(self.text) - partial_tag(self.text, END)]
         return (split_reasoning(body, self.opened)[0] or ""), ""
 
     def _delta(self, parts: tuple[str, str]) -> tuple[str, str]:

@@ -76,3 +76,8 @@ class StopStrings:
         piece = self.text[self.released:upto]
         self.released = upto
         return piece
+
+
+def partial_tag(text: str, tag: str, since: int = 0) -> int:
+    """How many characters at the end of text[since:] may be the start of `tag` (held back while streaming)."""
+    return next((n for n in range(min(len(tag) - 1, len(text) - since), 0, -1) if text.endswith(tag[:n])), 0)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from specedge.runtime.text import partial_tag
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -124,9 +126,7 @@ class ToolCallStream:
         if at >= 0:
             self.calling = True
             return self._send(at)
-        keep = next((n for n in range(min(len(OPEN) - 1, len(self.text) - self.sent), 0, -1)
-                     if self.text.endswith(OPEN[:n])), 0)
-        return self._send(len(self.text) - keep)
+        return self._send(len(self.text) - partial_tag(self.text, OPEN, self.sent))
 
     def _send(self, upto: int) -> str:
         out, self.sent = self.text[self.sent:upto], max(self.sent, upto)

@@ -28,6 +28,7 @@ REPLY = "<think>\nTwo and two.\n</think>\n\nIt is 4."
     ("Two and two.\n</think>\n\nIt is 4.", True, ("Two and two.", "It is 4.")),
     ("a </th b </think> c", True, ("a </th b", "c")),
     ("<think></think>", False, (None, "")),
+    ("<think>\nagain</think> ok", True, ("again", "ok")),                  # opened, and written once more
     ("<thi", False, (None, "<thi"))])
 def test_thinking_splits_the_same_whole_and_streamed(text, opened, parts):
     assert split_reasoning(text, opened) == parts
@@ -92,3 +93,32 @@ def test_specedge_chat_shows_thinking_apart_from_the_answer(tool_bundle, capsys)
     assert result.text.startswith(REPLY)
     assert capsys.readouterr().out == "Two and two.\nIt is 4.\n"
     gen.close()
+
+
+def test_thinking_edge_cases_a_reviewer_found(tool_bundle):  # noqa: F811
+    """Under a grammar a template's open <think> does not swallow the reply; the assistant message as the client
+    got it (reasoning_content included) goes back in; a reply cut off while thinking has no content; number and
+    logit_bias abuse is a 400, not a 500."""
+    import httpx
+
+    from test_serve import assert_openai_error
+
+    with running(tool_bundle) as (srv, gen):
+        gen.chat_template = OPENED
+        messages = [{"role": "user", "content": "2 + 2?"}]
+        r = client(srv).chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0,
+                                                response_format={"type": "json_object"})
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+        assert r.choices[0].message.model_extra["reasoning_content"] is None
+        script_target(gen, gen.tokenizer.encode("a long thought", add_special_tokens=False).ids,
+                      len(gen.encode_messages(messages)))
+        cut = client(srv).chat.completions.create(model=MODEL, messages=messages, max_tokens=5, temperature=0)
+        assert cut.choices[0].message.content is None and cut.choices[0].finish_reason == "length"
+        assert cut.choices[0].message.model_extra["reasoning_content"] == "a lon"
+        again = [*messages, cut.choices[0].message.model_dump(), {"role": "user", "content": "and 3 + 3?"}]
+        client(srv).chat.completions.create(model=MODEL, messages=again, max_tokens=2, temperature=0)
+        for body, param in [(b'{"model": "%s", "prompt": "x", "logit_bias": {"\\u00b2": 1}}', "logit_bias"),
+                            (b'{"model": "%s", "prompt": "x", "presence_penalty": 1' + b"0" * 400 + b"}",
+                             "presence_penalty")]:
+            bad = httpx.post(srv.url + "/completions", content=body % MODEL.encode(), timeout=10)
+            assert_openai_error(bad, 400, param)

@@ -29,8 +29,12 @@ def integer(name: str, value, lo: int, hi: int | None = None) -> int:
 
 
 def real(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise OptionError(f"{name} must be a finite number, got {value!r}")
+    try:
+        finite = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+    except OverflowError:                     # an integer too large for a float
+        finite = False
+    if not finite:
+        raise OptionError(f"{name} must be a finite number, got {str(value)[:40]!r}")
     return float(value)
 
 
@@ -112,7 +116,8 @@ def tool_definitions(tools) -> list[dict] | None:
 def chat_messages(messages) -> list[dict]:
     """A conversation: a non-empty list of {"role": one of CHAT_ROLES, "content": str} ("developer" is rendered
     as "system", as OpenAI's newer name for it; an optional "name" str is kept). Tool use as OpenAI carries it:
-    an assistant message's "tool_calls" (its content may then be None) and a "tool" message's "tool_call_id"."""
+    an assistant message's "tool_calls" and a "tool" message's "tool_call_id"; an assistant message's content may be
+    None (a call, or a reply cut off while thinking)."""
     if isinstance(messages, (str, bytes, dict)) or not hasattr(messages, "__iter__"):
         raise OptionError("messages must be a list of {'role': ..., 'content': ...} dicts, "
                           f"got {type(messages).__name__}")
@@ -123,7 +128,7 @@ def chat_messages(messages) -> list[dict]:
         if m.get("role") not in CHAT_ROLES:
             raise OptionError(f"messages[{i}]['role'] must be one of {', '.join(CHAT_ROLES)}, got {m.get('role')!r}")
         calls = _tool_calls(m.get("tool_calls"), i) if m["role"] == "assistant" else []
-        content = "" if calls and m.get("content") is None else m.get("content")
+        content = "" if m["role"] == "assistant" and m.get("content") is None else m.get("content")
         entry = {"role": "system" if m["role"] == "developer" else m["role"],
                  "content": checked_text(content, f"messages[{i}]['content']")}
         for key in ("name", "tool_call_id"):
@@ -231,9 +236,10 @@ def logit_bias(bias) -> dict | None:
         raise OptionError(f"logit_bias must be a dict of token ids to numbers, got {type(bias).__name__}")
     out = {}
     for key, value in bias.items():
-        token = int(key) if isinstance(key, str) and key.isdigit() else key
-        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+        token = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else key
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral) or token < 0:
             raise OptionError(f"logit_bias keys must be token ids, got {key!r}")
+        token = int(token)
         out[token] = _ranged(f"logit_bias[{key}]", value, -100.0, 100.0)
     return out
 

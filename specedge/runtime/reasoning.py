@@ -26,11 +26,11 @@ def prompt_opens_thinking(prompt_text: str) -> bool:
 def split_reasoning(text: str, opened: bool) -> tuple[str | None, str]:
     """A reply -> (its thinking, stripped, or None if it has none; the answer after it). A reply that does not
     start thinking (and was not opened by the prompt) is all answer; one cut off while thinking is all thinking."""
-    if not opened:
-        start = text.lstrip()
-        if not start.startswith(START):
-            return None, text
+    start = text.lstrip()
+    if start.startswith(START):                      # (opened: a reply that writes the tag again all the same)
         text = start[len(START):]
+    elif not opened:
+        return None, text
     reasoning, found, content = text.partition(END)
     return reasoning.strip() or None, content.lstrip() if found else ""
 
@@ -45,12 +45,11 @@ class ReasoningStream:
 
     def _settled(self) -> tuple[str, str]:
         """The parts of the reply so far that more text cannot change."""
-        if not self.opened:
-            start = self.text.lstrip()
-            if len(start) < len(START) and START.startswith(start):
-                return "", ""                        # not known yet whether it thinks
-            if not start.startswith(START):
-                return "", self.text
+        start = self.text.lstrip()
+        if len(start) < len(START) and START.startswith(start):
+            return "", ""                            # not known yet whether it (re)opens the block
+        if not self.opened and not start.startswith(START):
+            return "", self.text
         reasoning, content = split_reasoning(self.text, self.opened)
         if END in self.text:
             return reasoning or "", content

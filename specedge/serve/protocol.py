@@ -43,6 +43,9 @@ _DEFAULT_ONLY = {
              "verbosity": (None,)},
 }
 # accepted and without effect on the output (metadata for the caller's own bookkeeping)
+# an assistant message's thinking as this server (or vLLM) returned it, sent back by a client: dropped, as thinking
+# templates drop earlier turns' thinking anyway
+ECHOED_THINKING = ("reasoning_content", "reasoning")
 _METADATA = {"user", "metadata", "parallel_tool_calls", "safety_identifier", "prompt_cache_key"}
 _HONOURED = {
     "completion": {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
@@ -92,7 +95,10 @@ def _is_int(value) -> bool:
 
 
 def _is_number(value) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+    try:
+        return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+    except OverflowError:                     # a JSON integer of hundreds of digits
+        return False
 
 
 def _number(body: dict, name: str, lo: float, hi: float, default, lo_open: bool = False):
@@ -287,14 +293,16 @@ def _chat_ids(body: dict, gen, limits: Limits, tools: list[dict] | None) -> list
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise unsupported(f"messages[{i}].role", role, " (roles: system, developer, user, assistant, tool)")
-        known = {"role", "content", "name"} | ({"tool_calls"} if role == "assistant" else set()) | (
-            {"tool_call_id"} if role == "tool" else set())
+        known = {"role", "content", "name"} | (
+            {"tool_calls", *ECHOED_THINKING} if role == "assistant" else {"tool_call_id"} if role == "tool" else set())
         # fields a client echoes back empty (the openai client's model_dump(): refusal, annotations, audio, ...)
         unknown = sorted(k for k in set(message) - known if message[k] not in (None, "", [], {}))
         if unknown:
             raise unsupported(f"messages[{i}].{unknown[0]}", message[unknown[0]])
         calls = message.get("tool_calls") if role == "assistant" else None
-        entry = {"role": role, "content": "" if calls and message.get("content") is None else _message_text(message, i)}
+        # an assistant turn with no text (a tool call, or a reply cut off while thinking) comes back as null
+        empty = role == "assistant" and message.get("content") is None
+        entry = {"role": role, "content": "" if empty else _message_text(message, i)}
         for key in ("name", "tool_call_id"):
             if isinstance(message.get(key), str):
                 entry[key] = message[key]
@@ -386,14 +394,15 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
     timeout = timeout if timeout is not None else limits.request_timeout
     return ParsedRequest(kind, model, prompt_ids, options, stream, include_usage, timeout, label,
                          tools=tool_names(tools), one_tool_call=body.get("parallel_tool_calls") is False,
-                         thinking=_thinking(kind, prompt_ids, gen, limits))
+                         thinking=_thinking(kind, prompt_ids, gen, limits, options["response_format"] is not None))
 
 
-def _thinking(kind: str, prompt_ids: list[int], gen, limits: Limits) -> bool | None:
-    """None: the reply is not split; else whether the rendered prompt left a <think> block open."""
+def _thinking(kind: str, prompt_ids: list[int], gen, limits: Limits, grammar: bool) -> bool | None:
+    """None: the reply is not split; else whether the rendered prompt left a <think> block open (never under a
+    grammar: it holds from the reply's first token, so the reply does not think, whatever the prompt opened)."""
     if kind != "chat" or not limits.reasoning or not template_thinks(gen.chat_template):
         return None
-    return prompt_opens_thinking(gen.decode(prompt_ids[-16:]))
+    return not grammar and prompt_opens_thinking(gen.decode(prompt_ids[-16:]))
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -430,6 +439,8 @@ def response(req: ParsedRequest, text: str, completion_tokens: int, cached_token
         message = {"role": "assistant", "content": content, "refusal": None}
         if req.thinking is not None:
             message["reasoning_content"] = reasoning
+            if reasoning is not None and not content and not calls:
+                message["content"] = None              # cut off while thinking: no answer (as vLLM)
         if calls:
             message["tool_calls"] = message_tool_calls(req.id, calls, req.one_tool_call)
         choice = {"index": 0, "message": message, "logprobs": logprobs,

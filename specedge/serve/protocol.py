@@ -1,10 +1,11 @@
 """OpenAI request bodies -> the runtime's options, and results -> OpenAI response objects.
 
 Every parameter OpenAI defines is either honoured, accepted at its default value (which clients send anyway),
-or refused with a 400 naming it: nothing is ignored silently. Extensions: `top_k`, `ignore_eos` (as vLLM),
-`speculation` ("off", or {"policy": "fixed:4" | "adaptive" | ..., "drafter": "model" | "ngram" | "hybrid"}) and
-`timeout` (seconds, at most the server's --request-timeout), `chat_template_kwargs` (as vLLM: further variables for
-the chat template, e.g. {"enable_thinking": false} for Qwen3).
+or refused with a 400 naming it: nothing is ignored silently. Extensions: `top_k`, `ignore_eos`, `stop_token_ids`,
+`repetition_penalty` (as vLLM), `speculation` ("off", or {"policy": "fixed:4" | "adaptive" | ..., "drafter": "model" |
+"ngram" | "hybrid"}), `timeout` (seconds, at most the server's --request-timeout), `chat_template_kwargs` (as vLLM:
+further variables for the chat template, e.g. {"enable_thinking": false} for Qwen3). Tool calling's side of a request
+is serve/tools.py's.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from specedge.errors import ExportError
+from specedge.models.llama import lm_head
 from specedge.models.spec import ModelSpec, rope_from_config
 from specedge.models.weights import WeightTable
 
@@ -86,9 +87,4 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         gate, up = graph.split(gate_up, [f, f])
         down = graph.linear(b.op("Mul", graph.gelu(gate, exact=False), up), *part(f"{p}.mlp.down_proj", f, e))
         x = b.op("Add", x, rms_norm(down, f"{p}.post_feedforward_layernorm.weight"))
-    x = rms_norm(x, "model.norm.weight")
-    if spec.tied_embeddings:
-        weights.drop("lm_head.weight")
-        graph.logits(x, embed_rows, tied_embedding=embed)
-    else:
-        graph.logits(x, weights.take("lm_head.weight", (spec.vocab_rows, e))[: spec.vocab_size])
+    lm_head(graph, spec, weights, rms_norm(x, "model.norm.weight"), embed_rows, embed)

@@ -78,9 +78,14 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         gate, up = graph.split(gate_up, [spec.intermediate_size] * 2)
         act = b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up)                  # silu(gate) * up
         x = b.op("Add", x, linear(act, f"{p}.mlp.down_proj", spec.intermediate_size, e, spec.mlp_bias))
-    x = rms_norm(x, "model.norm.weight")
+    lm_head(graph, spec, weights, rms_norm(x, "model.norm.weight"), embed_rows, embed)
+
+
+def lm_head(graph, spec: ModelSpec, weights: WeightTable, x: str, embed_rows: np.ndarray, embed: str | None) -> None:
+    """The logits of the final hidden states x: through the embedding where the head is tied to it (lm_head.weight,
+    if the checkpoint repeats it, left unused), else through lm_head.weight (padding rows sliced off)."""
     if spec.tied_embeddings:
         weights.drop("lm_head.weight")
         graph.logits(x, embed_rows, tied_embedding=embed)
     else:
-        graph.logits(x, weights.take("lm_head.weight", (spec.vocab_rows, e))[: spec.vocab_size])
+        graph.logits(x, weights.take("lm_head.weight", (spec.vocab_rows, spec.hidden_size))[: spec.vocab_size])

@@ -103,8 +103,7 @@ class Constraint:
 
     def __init__(self, matcher, vocab_size: int, eos_ids):
         self.matcher, self.vocab_size, self.ended = matcher, vocab_size, False
-        self.ends = frozenset(i for i in eos_ids if i < vocab_size)
-        self.eos_ids = np.array(sorted(self.ends), dtype=np.int64)
+        self.ends = sorted(i for i in eos_ids if i < vocab_size)
         self.depth = 0                  # tokens pushed and not popped (an interrupted step rewinds to its start)
 
     def allowed(self) -> np.ndarray:
@@ -113,7 +112,7 @@ class Constraint:
             return np.zeros(self.vocab_size, dtype=bool)
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
         allowed = np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool)
-        allowed[self.eos_ids] = self.matcher.is_accepting()
+        allowed[self.ends] = self.matcher.is_accepting()
         return allowed
 
     def verify_mask(self) -> np.ndarray:

@@ -300,16 +300,12 @@ def _chat_ids(body: dict, gen, limits: Limits, tools: list[dict] | None) -> list
         unknown = sorted(k for k in set(message) - known if message[k] not in (None, "", [], {}))
         if unknown:
             raise unsupported(f"messages[{i}].{unknown[0]}", message[unknown[0]])
-        calls = message.get("tool_calls") if role == "assistant" else None
-        # an assistant turn with no text (a tool call, or a reply cut off while thinking) comes back as null
+        # the message as the runtime takes it (runtime.options.chat_messages): text parts joined; an assistant turn
+        # with no text (a tool call, or a reply cut off while thinking) keeps its null content
+        kept = known & message.keys() & {"role", "name", "tool_call_id", "tool_calls"}
+        entry = {key: message[key] for key in kept}
         empty = role == "assistant" and message.get("content") is None
-        entry = {"role": role, "content": "" if empty else _message_text(message, i)}
-        for key in ("name", "tool_call_id"):
-            if isinstance(message.get(key), str):
-                entry[key] = message[key]
-        if calls:
-            entry["tool_calls"] = calls
-        rendered.append(entry)
+        rendered.append({**entry, "content": None if empty else _message_text(message, i)})
     for param, read in (("chat_template_kwargs", template_kwargs), ("tools", tool_definitions)):
         try:
             read(body.get(param))

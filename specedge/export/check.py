@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specedge.export import reference_model
 from specedge.runtime.backends import open_backend
 from specedge.runtime.backends.base import SlotCursor
 from specedge.runtime.row_check import choose_min_rows, verify_rows_bitwise_equal
@@ -27,11 +28,9 @@ PROMPT_TOKENS = 48                    # per check prompt, teacher-forced
 BATCH_ROWS = ((5, 3, 2), (9, 1, 1), (2, 4, 4))
 
 
-def reference_logits(torch_model, ids: list[int], vocab_size: int) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        return torch_model(torch.tensor([ids])).logits[0, :, :vocab_size].float().numpy()
+def reference_logits(model, weights, ids: list[int], vocab_size: int, overrides=None) -> np.ndarray:
+    """transformers' logits over `ids` (reference_model.py: `model` a skeleton run on `weights`) -> [len, vocab]"""
+    return reference_model.logits(model, weights, [ids], vocab_size, overrides)[0]
 
 
 def random_ids(vocab_size: int, seed: int = 0) -> list[int]:
@@ -85,10 +84,10 @@ def batch_rows_bitwise_equal(backend, ids: list[int]) -> bool:
     return all(np.array_equal(a, b) for a, b in zip(together, alone))
 
 
-def source_logits(torch_model, prompts: list[list[int]], vocab_size: int) -> list[np.ndarray]:
+def source_logits(model, weights, prompts: list[list[int]], vocab_size: int) -> list[np.ndarray]:
     """The source model's logits over each check prompt (its first PROMPT_TOKENS), teacher-forced: taken before
-    the model is freed, so that the graph's session never shares memory with it."""
-    return [reference_logits(torch_model, ids[:PROMPT_TOKENS], vocab_size) for ids in prompts]
+    the graph's session opens, so that the two never share memory."""
+    return reference_model.logits(model, weights, [ids[:PROMPT_TOKENS] for ids in prompts], vocab_size)
 
 
 def prompt_agreement(onnx_path: Path, model_entry: dict, references: list[np.ndarray], prompts: list[list[int]],
@@ -108,29 +107,31 @@ def prompt_agreement(onnx_path: Path, model_entry: dict, references: list[np.nda
             "max_abs_logit_error": error}
 
 
-def load_dequantized(torch_model, quantized: dict, quantization, vocab_size: int, conv1d: bool) -> None:
-    """Replaces the model's quantized weights by their dequantized values, in place.
+def dequantized_overrides(model, weights, quantized: dict, quantization) -> dict:
+    """The values a quantized graph multiplies with, as reference_model overrides: parameter name -> () -> float32
+    tensor, each dequantized only while its module runs.
 
-    quantized: module name -> (codes, scales, zero points, K) as written into the graph. A tied LM
-    head is untied first, as the graph's embedding may stay fp32; a quantized embedding (its first
-    vocab_size rows) is written into the module in place.
+    quantized: module name -> (codes, scales, zero points, K) as written into the graph. An embedding or LM head
+    quantizes its first vocab_size rows; the rows past them (padding) keep the source's values. A tied head gets
+    its own override (the graph's embedding may stay float32).
     """
     import torch
+    from transformers.pytorch_utils import Conv1D
 
     from specedge.export.quantize import dequantize
 
-    with torch.no_grad():
-        for name, (codes, scales, zero_points, k) in quantized.items():
-            module = torch_model.get_submodule(name)
-            weight = torch.from_numpy(dequantize(codes, scales, zero_points, k, quantization))
-            if name == "lm_head":
-                full = module.weight.detach().clone().float()
-                full[:vocab_size] = weight
-                module.weight = torch.nn.Parameter(full)
-            elif isinstance(module, torch.nn.Embedding):
-                module.weight[: weight.shape[0]].copy_(weight)
-            else:
-                module.weight.copy_(weight.T if conv1d else weight)
+    def value(name: str, parts) -> object:
+        weight = torch.from_numpy(dequantize(*parts, quantization))             # [out, in] as the graph holds it
+        module = model.get_submodule(name)
+        if isinstance(module, Conv1D):                                          # GPT-2's stores [in, out]
+            return weight.T.contiguous()
+        if weight.shape[0] < module.weight.shape[0]:                 # a table with padding rows past the vocabulary
+            full = weights.tensor(f"{name}.weight")
+            full[: weight.shape[0]] = weight
+            return full
+        return weight
+
+    return {f"{module}.weight": (lambda m=module, parts=parts: value(m, parts)) for module, parts in quantized.items()}
 
 
 def _transformers_version() -> str:

@@ -11,11 +11,13 @@ from pathlib import Path
 
 from specedge import __version__
 from specedge.errors import ExportError
-from specedge.export.check import (check_graph, load_dequantized, prompt_agreement, random_ids, reference_logits,
-                                   source_logits)
+from specedge.export.check import (check_graph, dequantized_overrides, prompt_agreement, random_ids,
+                                   reference_logits, source_logits)
 from specedge.export.dtype_audit import audit_dtype
 from specedge.export.onnx_builder import FLOAT_TYPES, GraphBuilder
 from specedge.export.quantize import Quantization, parse_quantization
+from specedge.export.reference_model import skeleton
+from specedge.export.source_weights import SourceWeights, open_weights
 from specedge.export.sources import Source, open_source
 from specedge.export.step_graph import ATTENTION_VARIANTS, StepGraph
 from specedge.export.tokenizer_files import write_tokenizer
@@ -173,10 +175,10 @@ def _check_prompts(tokenizer, vocab_size: int) -> list[list[int]]:
     return [ids for ids in ([i for i in e if i < vocab_size] for e in encoded) if len(ids) >= 2]
 
 
-def _write_graph(path: Path, role: str, spec, family, state: dict, max_seq_len: int, max_draft: int,
-                 quantization: Quantization | None, attention: str, quantize_embedding: bool,
+def _write_graph(path: Path, role: str, spec, family, source_weights: SourceWeights, max_seq_len: int,
+                 max_draft: int, quantization: Quantization | None, attention: str, quantize_embedding: bool,
                  dtype: str) -> tuple[StepGraph, GraphBuilder]:
-    weights = WeightTable(state.keys(), lambda name: state[name].detach().float().numpy(),
+    weights = WeightTable(source_weights.names, source_weights.array,
                           ignore=("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias"))
     builder = GraphBuilder(path, f"specedge_{role}", float_dtype=dtype)
     graph = StepGraph(builder, spec, max_seq_len, max_draft, quantization, attention, quantize_embedding)
@@ -240,12 +242,13 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     if spec.family != "gpt2" and isinstance(trained, int) and max_seq_len > trained:
         say(f"{role}: warning: max_seq_len {max_seq_len} exceeds the {trained} positions the model was made for; "
             "text beyond them may degrade")
-    say(f"{role}: loading weights of {architecture} ({spec.num_layers} layers, hidden {spec.hidden_size})")
-    model = source.load_model()
-    eos_ids, added = source.eos_token_ids(model)
+    say(f"{role}: opening the weights of {architecture} ({spec.num_layers} layers, hidden {spec.hidden_size})")
+    model = skeleton(source)                       # transformers' model without weights: the check's reference
+    source_weights = open_weights(source, model)
+    say(f"{role}: weights {source_weights.how}")
+    eos_ids, added = source.eos_token_ids()
     if added:
         say(f"{role}: also stops at {', '.join(added)}: end-of-turn tokens its config does not list as eos")
-    state = model.state_dict()
     final = work / f"{role}.onnx"
     path = final
     if dtype != "float32" and run_checks:        # checked as a float32 copy of the same graph (see export_bundle)
@@ -256,13 +259,13 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
         say(f"{role}: writing a float32 copy of the step graph for the check ({weights_kind} weights)")
     else:
         say(f"{role}: writing step graph ({weights_kind if quantization else dtype} weights)")
-    graph, builder = _write_graph(path, role, spec, family, state, max_seq_len, max_draft, quantization, attention,
-                                  quantize_embedding, "float32" if run_checks else dtype)
+    graph, builder = _write_graph(path, role, spec, family, source_weights, max_seq_len, max_draft, quantization,
+                                  attention, quantize_embedding, "float32" if run_checks else dtype)
     half = None
-    if dtype != "float32" and run_checks:                  # before the check dequantizes the model's weights in place
+    if dtype != "float32" and run_checks:
         say(f"{role}: writing the {dtype} step graph")
-        half = _write_graph(final, role, spec, family, state, max_seq_len, max_draft, quantization, attention,
-                            quantize_embedding, dtype)
+        half = _write_graph(final, role, spec, family, source_weights, max_seq_len, max_draft, quantization,
+                            attention, quantize_embedding, dtype)
         half[0].quantized.clear()
     entry = {
         "file": path.name, "architecture": architecture, "source": source.description,
@@ -278,15 +281,17 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
         return entry, eos_ids
     ids = random_ids(vocab_size)
     quality = None
-    # everything the checks need from torch is computed first and the model freed before onnxruntime loads the
+    # everything the checks need from torch is computed first and the weights freed before onnxruntime loads the
     # graph: the two at once were the export's peak (13.87 GiB for the fp32 1.5B target, 8.88 GiB without)
-    sources_out = source_logits(model, prompts, vocab_size) if quantization is not None else None
+    overrides = None
     if quantization is not None:
         entry["quantization"] = {**quantization.to_json(), "embedding": graph.quantize_embedding}
-        load_dequantized(model, graph.quantized, quantization, vocab_size, conv1d=spec.family == "gpt2")
+        say(f"{role}: running transformers on {len(prompts)} prompts and on the dequantized weights")
+        sources_out = source_logits(model, source_weights, prompts, vocab_size)
+        overrides = dequantized_overrides(model, source_weights, graph.quantized, quantization)
+    reference = reference_logits(model, source_weights, ids, vocab_size, overrides)
     graph.quantized.clear()
-    reference = reference_logits(model, ids, vocab_size)
-    del model, state
+    del model, source_weights, overrides
     gc.collect()
     if quantization is not None:                               # the graph deliberately differs from its source
         say(f"{role}: measuring the {weights_kind} graph against the source model on {len(prompts)} prompts")

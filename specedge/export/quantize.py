@@ -64,15 +64,25 @@ def quantize(weight: np.ndarray, q: Quantization) -> tuple[np.ndarray, np.ndarra
 
 
 def dequantize(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray, k: int, q: Quantization) -> np.ndarray:
-    """The inverse, for checks: -> W' [N, K] float32, what MatMulNBits multiplies with."""
+    """The inverse, for checks: -> W' [N, K] float32, what MatMulNBits multiplies with (a slice of rows at a time:
+    the temporaries of a whole LM head were three times its float32 size)."""
+    n, blocks, _ = codes.shape
+    scales, zero_points = scales.reshape(n, blocks), zero_points.reshape(n, -1)
+    out = np.empty((n, k), np.float32)
+    for start in range(0, n, ROWS_PER_CHUNK):
+        rows = slice(start, min(start + ROWS_PER_CHUNK, n))
+        out[rows] = _dequantize_rows(codes[rows], scales[rows], zero_points[rows], k, q)
+    return out
+
+
+def _dequantize_rows(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray, k: int, q: Quantization):
     n, blocks, _ = codes.shape
     if q.bits == 4:
         values = np.stack([codes & 0x0F, codes >> 4], axis=-1).reshape(n, blocks, q.block_size)
-        zp = np.stack([zero_points.reshape(n, -1) & 0x0F, zero_points.reshape(n, -1) >> 4], axis=-1)
-        zp = zp.reshape(n, -1)[:, :blocks]
+        zp = np.stack([zero_points & 0x0F, zero_points >> 4], axis=-1).reshape(n, -1)[:, :blocks]
     else:
-        values, zp = codes, zero_points.reshape(n, blocks)
-    w = (values.astype(np.float32) - zp[..., None]) * scales.reshape(n, blocks, 1)
+        values, zp = codes, zero_points
+    w = (values.astype(np.float32) - zp[..., None]) * scales[..., None]
     return w.reshape(n, -1)[:, :k]
 
 

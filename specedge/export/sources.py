@@ -1,8 +1,8 @@
-"""Source models: a Hugging Face folder, a hub id, or a GGUF file, all loaded through transformers.
+"""Source models: a Hugging Face folder, a hub id, or a GGUF file, all understood through transformers.
 
-transformers does the loading (safetensors, sharding, bf16, GGUF dequantization, llama's GGUF q/k
-permutation), so every source ends up as the same fp32 torch module. That module is also the
-reference the exported graph is checked against.
+transformers reads the config and tokenizer, builds the model the graph is checked against
+(reference_model.py) and, where the weights cannot be read a tensor at a time (source_weights.py), loads
+them (safetensors, .bin, sharding, GGUF dequantization and llama's GGUF q/k permutation).
 """
 
 from __future__ import annotations
@@ -25,15 +25,17 @@ class Source:
     config: dict
     tokenizer: object      # transformers tokenizer (fast)
     text_of: str = ""      # the multimodal architecture whose language model this source is ("": none)
+    config_object: object = None        # transformers' config (of the language model for a multimodal source)
 
     def load_model(self):
-        """-> transformers PreTrainedModel, fp32, eval mode (the weights, and the export reference)."""
+        """-> transformers PreTrainedModel in its stored dtype (float32 from GGUF), eval mode."""
         import torch
         import transformers
 
+        dtype = torch.float32 if self.kind == "gguf" else "auto"    # bf16 would round a GGUF's dequantized values
         try:
             model, info = transformers.AutoModelForCausalLM.from_pretrained(
-                self.where, dtype=torch.float32, output_loading_info=True, **self.extra)
+                self.where, dtype=dtype, output_loading_info=True, **self.extra)
         except Exception as err:  # noqa: BLE001 - a corrupt file or a shape mismatch raises whatever its library raises
             raise ExportError(f"cannot load weights of {self.description}: {_first_line(err)}") from err
         # transformers fills what the checkpoint lacks with random values and says so in a log: a bundle of those
@@ -45,9 +47,20 @@ class Source:
                               f"shape for) {', '.join(map(str, missing[:3]))}{more}; nothing was written")
         return _language_model(model) if self.text_of else model.eval()
 
-    def eos_token_ids(self, model) -> tuple[list[int], list[str]]:
+    def generation_config(self):
+        """The source's generation_config.json (its eos ids), else the one its config implies."""
+        import transformers
+
+        if self.kind != "gguf":
+            try:
+                return transformers.GenerationConfig.from_pretrained(self.where, **self.extra)
+            except (OSError, ValueError):
+                pass
+        return transformers.GenerationConfig.from_model_config(self.config_object)
+
+    def eos_token_ids(self) -> tuple[list[int], list[str]]:
         """-> (every id generation stops at, the end-of-turn tokens among them that the source does not declare)"""
-        return _eos_ids(model, self.config, self.tokenizer)
+        return _eos_ids(self.generation_config(), self.config, self.tokenizer)
 
 
 def _first_line(err: Exception) -> str:
@@ -76,7 +89,7 @@ def _locate(src: str) -> tuple[str, str, dict]:
 
 
 def open_source(src: str) -> Source:
-    """Reads config and tokenizer (cheap); the weights come later with `load_model`."""
+    """Reads config and tokenizer (cheap); the weights come later (source_weights.open_weights)."""
     import transformers
 
     kind, where, extra = _locate(src)
@@ -92,13 +105,16 @@ def open_source(src: str) -> Source:
         name = mapping.get(cfg.get("model_type"))
         cfg["architectures"] = [name] if name else []
     cfg, text_of = _text_config(cfg)
+    if text_of:
+        config = config.text_config
+        config.tie_word_embeddings = cfg["tie_word_embeddings"]    # the whole model's setting (_text_config)
     gemma = [name for name in cfg["architectures"] if name.startswith("Gemma")]
     if kind == "gguf" and gemma:
         # transformers' GGUF reader leaves out Gemma 3's rope scaling (4B and up) and the 27B models' query scale:
         # the export check would compare with the same wrong model
         raise ExportError(f"{src}: {gemma[0]} from a GGUF file is not supported (transformers' GGUF reader drops "
                           "some of its settings); export it from its Hugging Face folder")
-    return Source(src, kind, where, extra, cfg, tokenizer, text_of)
+    return Source(src, kind, where, extra, cfg, tokenizer, text_of, config)
 
 
 # image-and-text checkpoints whose language model exports alone: architecture -> that model's architecture
@@ -129,10 +145,9 @@ def _language_model(model):
     return text.eval()
 
 
-def _eos_ids(model, cfg: dict, tokenizer) -> tuple[list[int], list[str]]:
+def _eos_ids(generation, cfg: dict, tokenizer) -> tuple[list[int], list[str]]:
     found: list[int] = []
     added: list[str] = []
-    generation = getattr(model, "generation_config", None)
     for value in (getattr(generation, "eos_token_id", None), cfg.get("eos_token_id"), tokenizer.eos_token_id):
         for tid in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(tid, int) and tid not in found:

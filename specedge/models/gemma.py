@@ -71,6 +71,7 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
 
     embed_rows = weights.take("model.embed_tokens.weight", (spec.vocab_rows, e))[: spec.vocab_size]
     x, embed = graph.embedding("model.embed_tokens.weight", embed_rows, graph.ids)    # [B, T, E]
+    del embed_rows
     x = b.op("Mul", x, b.weight("embed_scale", np.array(spec.embed_scale, np.float32)))
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
@@ -87,4 +88,4 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         gate, up = graph.split(gate_up, [f, f])
         down = graph.linear(b.op("Mul", graph.gelu(gate, exact=False), up), *part(f"{p}.mlp.down_proj", f, e))
         x = b.op("Add", x, rms_norm(down, f"{p}.post_feedforward_layernorm.weight"))
-    lm_head(graph, spec, weights, rms_norm(x, "model.norm.weight"), embed_rows, embed)
+    lm_head(graph, spec, weights, rms_norm(x, "model.norm.weight"), embed)

@@ -44,6 +44,7 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
 
     wte_rows = weights.take("transformer.wte.weight", (spec.vocab_rows, e))[: spec.vocab_size]
     tokens, wte = graph.embedding("transformer.wte.weight", wte_rows, graph.ids)
+    del wte_rows                                        # read again for the head (not held through the layers)
     wpe = b.weight("transformer.wpe.weight", weights.take("transformer.wpe.weight", (spec.max_position_embeddings, e)))
     positions = graph.positions
     if graph.kv_slots > spec.max_position_embeddings:
@@ -58,4 +59,5 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         h = graph.gelu(conv1d(layer_norm(x, f"{p}.ln_2"), f"{p}.mlp.c_fc", e, f), exact=spec.activation == "gelu")
         x = b.op("Add", x, conv1d(h, f"{p}.mlp.c_proj", f, e))
     weights.drop("lm_head.weight")
-    graph.logits(layer_norm(x, "transformer.ln_f"), wte_rows, tied_embedding=wte)
+    head = weights.again("transformer.wte.weight", (spec.vocab_rows, e))[: spec.vocab_size]
+    graph.logits(layer_norm(x, "transformer.ln_f"), head, tied_embedding=wte)

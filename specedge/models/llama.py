@@ -65,6 +65,7 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
 
     embed_rows = weights.take("model.embed_tokens.weight", (spec.vocab_rows, e))[: spec.vocab_size]
     x, embed = graph.embedding("model.embed_tokens.weight", embed_rows, graph.ids)    # [B, T, E]
+    del embed_rows
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
         h = rms_norm(x, f"{p}.input_layernorm.weight")
@@ -78,14 +79,16 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         gate, up = graph.split(gate_up, [spec.intermediate_size] * 2)
         act = b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up)                  # silu(gate) * up
         x = b.op("Add", x, linear(act, f"{p}.mlp.down_proj", spec.intermediate_size, e, spec.mlp_bias))
-    lm_head(graph, spec, weights, rms_norm(x, "model.norm.weight"), embed_rows, embed)
+    lm_head(graph, spec, weights, rms_norm(x, "model.norm.weight"), embed)
 
 
-def lm_head(graph, spec: ModelSpec, weights: WeightTable, x: str, embed_rows: np.ndarray, embed: str | None) -> None:
+def lm_head(graph, spec: ModelSpec, weights: WeightTable, x: str, embed: str | None) -> None:
     """The logits of the final hidden states x: through the embedding where the head is tied to it (lm_head.weight,
-    if the checkpoint repeats it, left unused), else through lm_head.weight (padding rows sliced off)."""
+    if the checkpoint repeats it, left unused; the embedding's rows read again here rather than held through the
+    layers: 2.2 GB for a 7B), else through lm_head.weight (padding rows sliced off)."""
     if spec.tied_embeddings:
         weights.drop("lm_head.weight")
-        graph.logits(x, embed_rows, tied_embedding=embed)
+        rows = weights.again("model.embed_tokens.weight", (spec.vocab_rows, spec.hidden_size))[: spec.vocab_size]
+        graph.logits(x, rows, tied_embedding=embed)
     else:
         graph.logits(x, weights.take("lm_head.weight", (spec.vocab_rows, spec.hidden_size))[: spec.vocab_size])

@@ -20,6 +20,10 @@ class WeightTable:
         if name not in self._left:
             raise ExportError(f"source weights lack '{name}' (or it was used twice)")
         self._left.discard(name)
+        return self.again(name, shape)
+
+    def again(self, name: str, shape: tuple) -> np.ndarray:
+        """A tensor already taken, read once more (a tied head: read at the end, not held through the layers)."""
         array = np.asarray(self._load(name), dtype=np.float32)
         if tuple(array.shape) != tuple(shape):
             raise ExportError(f"weight '{name}' has shape {tuple(array.shape)}, expected {tuple(shape)}")

@@ -1,0 +1,155 @@
+"""Export reads a safetensors checkpoint a tensor at a time, and checks the graph against transformers' model run a
+module at a time on those tensors (source_weights.py, reference_model.py). What it computes must equal what a
+float32 transformers load computes, bit for bit: for every architecture, from bf16 and float32 checkpoints, with
+the dequantized weights of a quantized graph, and for checkpoints transformers has to load itself."""
+
+import numpy as np
+import pytest
+import tiny_models as tm
+import torch
+import transformers
+from conftest import ARCHS
+from safetensors.torch import load_file, save_file
+
+from specedge.export import export_bundle, reference_model
+from specedge.export.check import dequantized_overrides
+from specedge.export.quantize import Quantization, quantize
+from specedge.export.source_weights import open_weights
+from specedge.export.sources import open_source
+
+IDS = [[5, 17, 200, 3, 99, 42, 7, 128, 250, 1, 64], [9, 8, 7], [100, 101, 102, 103, 104, 105]]
+
+
+def _saved(tmp_path, arch, dtype):
+    model = tm.make_model(arch, 260, seed=3)
+    return tm.save(model.to(dtype), tm.byte_tokenizer(), tmp_path / f"{arch}-{str(dtype)[6:]}")
+
+
+def _float32_load(folder):
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def _transformers_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, :, :260].numpy()
+
+
+def _opened(folder):
+    source = open_source(str(folder))
+    model = reference_model.skeleton(source)
+    return source, model, open_weights(source, model)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_reference_run_a_module_at_a_time_equals_a_float32_load_bit_for_bit(tmp_path, arch, dtype):
+    folder = _saved(tmp_path, arch, dtype)
+    source, model, weights = _opened(folder)
+    assert weights.how.startswith("read a tensor at a time")
+    full = _float32_load(folder)
+    state = full.state_dict()
+    assert sorted(weights.names) == sorted(state)
+    for name in ("lm_head.weight", max(state)):
+        assert torch.equal(weights.tensor(name), state[name].float())
+    alone = reference_model.logits(model, weights, IDS[:1], 260)[0]
+    assert np.array_equal(alone, _transformers_logits(full, IDS[0]))       # the same computation, bit for bit
+    batch = reference_model.logits(model, weights, IDS, 260)               # rows of different lengths, padded
+    for ids, row in zip(IDS, batch):                                       # (another matmul shape: last bits)
+        np.testing.assert_allclose(row, _transformers_logits(full, ids), rtol=1e-5, atol=1e-4)
+    assert source.eos_token_ids()[0][0] in (full.generation_config.eos_token_id, 256)
+    assert all(p.device.type == "meta" for p in model.parameters())        # lent weights were given back
+
+
+@pytest.mark.parametrize("vocab_rows", [250, 260])
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_dequantized_overrides_equal_the_dequantized_weights_loaded_into_the_model(tmp_path, arch, vocab_rows):
+    """The quantized graph's reference: every weight the graph quantized replaced by its dequantized values,
+    here by copying them into a float32 model (GPT-2's Conv1D stores [in, out]; the tied head its own copy; rows
+    past a vocabulary smaller than the table keep their values)."""
+    folder = _saved(tmp_path, arch, torch.bfloat16)
+    _, model, weights = _opened(folder)
+    q = Quantization(4, block_size=16)
+    embedding = "model.embed_tokens" if arch == "qwen2" else "transformer.wte"
+    linear = "model.layers.0.mlp.down_proj" if arch == "qwen2" else "transformer.h.1.mlp.c_fc"
+    quantized = {}
+    for module, rows in (("lm_head", vocab_rows), (embedding, vocab_rows), (linear, None)):
+        weight = weights.array(f"{module}.weight")
+        if module == linear and arch == "gpt2":
+            weight = weight.T                                              # the graph quantizes [out, in]
+        weight = weight[:rows] if rows else weight
+        codes, scales, zero_points = quantize(weight, q)
+        quantized[module] = (codes, scales, zero_points, weight.shape[1])
+    full = _float32_load(folder)
+    from specedge.export.quantize import dequantize
+    with torch.no_grad():
+        full.lm_head.weight = torch.nn.Parameter(full.lm_head.weight.detach().clone())     # untied
+        for module, parts in quantized.items():
+            values = torch.from_numpy(dequantize(*parts, q))
+            target = full.get_submodule(module).weight
+            if module == linear and arch == "gpt2":
+                values = values.T
+            target[: values.shape[0]].copy_(values)
+    overrides = dequantized_overrides(model, weights, quantized, q)
+    ours = reference_model.logits(model, weights, IDS[:1], 260, overrides)[0]
+    assert np.array_equal(ours, _transformers_logits(full, IDS[0]))
+    assert not np.array_equal(ours, reference_model.logits(model, weights, IDS[:1], 260)[0])
+
+
+def test_a_checkpoint_with_tensors_under_other_names_is_loaded_by_transformers(tmp_path):
+    """An extra tensor the model does not name (old checkpoints saved rope frequencies): transformers loads it,
+    in its stored dtype, and the export is the same as from the clean checkpoint."""
+    clean = _saved(tmp_path, "llama", torch.bfloat16)
+    import shutil
+    legacy = tmp_path / "legacy"
+    shutil.copytree(clean, legacy)
+    tensors = load_file(legacy / "model.safetensors")
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    save_file(tensors, legacy / "model.safetensors", metadata={"format": "pt"})
+    weights = _opened(legacy)[2]
+    assert weights.how == "loaded by transformers (bfloat16)"
+    _, _, streamed = _opened(clean)
+    assert all(torch.equal(weights.tensor(n), streamed.tensor(n)) for n in streamed.names)
+    lines = []
+    bundle = export_bundle(str(legacy), None, tmp_path / "b", max_seq_len=64, max_draft=4, progress=lines.append)
+    assert any("loaded by transformers (bfloat16)" in line for line in lines)
+    assert (bundle / "manifest.json").exists()
+
+
+def test_a_streamed_export_never_loads_the_model_with_transformers(tmp_path, monkeypatch):
+    folder = _saved(tmp_path, "qwen2", torch.bfloat16)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("from_pretrained loaded the whole model")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    lines = []
+    export_bundle(str(folder), str(folder), tmp_path / "b", max_seq_len=64, max_draft=4, quantize="int4",
+                  progress=lines.append)
+    assert sum("read a tensor at a time from 1 safetensors file" in line for line in lines) == 2
+
+
+def test_a_hub_id_reads_the_safetensors_of_its_snapshot(tmp_path, monkeypatch):
+    """No hub here: snapshot_download stands in, returning a folder as the hub cache would."""
+    import huggingface_hub
+
+    from specedge.export import source_weights
+    folder = _saved(tmp_path, "qwen2", torch.bfloat16)
+    asked = []
+
+    def snapshot(repo_id, allow_patterns):
+        asked.append((repo_id, allow_patterns))
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    source = open_source(str(folder))
+    source.kind, source.where = "hub", "org/model"
+    model = reference_model.skeleton(source)
+    assert open_weights(source, model).how.startswith("read a tensor at a time")
+    assert asked == [("org/model", source_weights.SAFETENSORS_PATTERNS)]
+
+    def offline(repo_id, allow_patterns):
+        raise OSError("no connection to huggingface.co\nmore detail")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(source_weights.ExportError, match="cannot download the weights of org/model: no connection"):
+        open_weights(source, model)

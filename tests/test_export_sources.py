@@ -273,6 +273,6 @@ def test_a_window_at_least_as_long_as_the_buffer_adds_no_mask_and_yarn_stretches
         raise ExportError("cannot load weights: none here")
 
     monkeypatch.setattr(pipeline, "skeleton", no_weights)
-    with pytest.raises(ExportError, match="cannot load weights"):   # no weights here: the warnings came before
+    with pytest.raises(ExportError, match="cannot load weights"):   # the warnings came before the weights opened
         pipeline._export_model("target", source, tmp_path, 260, 100_000, 4, None, lines.append, None, [], "gqa")
     assert lines and not any("exceeds" in line for line in lines)

@@ -44,20 +44,63 @@ def _opened(folder):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_reference_run_a_module_at_a_time_equals_a_float32_load_bit_for_bit(tmp_path, arch, dtype):
     folder = _saved(tmp_path, arch, dtype)
-    source, model, weights = _opened(folder)
-    assert weights.how.startswith("read a tensor at a time")
+    _, model, weights = _opened(folder)
+    assert weights.how == "read a tensor at a time from 1 safetensors file"
     full = _float32_load(folder)
     state = full.state_dict()
     assert sorted(weights.names) == sorted(state)
-    for name in ("lm_head.weight", max(state)):
-        assert torch.equal(weights.tensor(name), state[name].float())
-    alone = reference_model.logits(model, weights, IDS[:1], 260)[0]
-    assert np.array_equal(alone, _transformers_logits(full, IDS[0]))       # the same computation, bit for bit
-    batch = reference_model.logits(model, weights, IDS, 260)               # rows of different lengths, padded
-    for ids, row in zip(IDS, batch):                                       # (another matmul shape: last bits)
-        np.testing.assert_allclose(row, _transformers_logits(full, ids), rtol=1e-5, atol=1e-4)
-    assert source.eos_token_ids()[0][0] in (full.generation_config.eos_token_id, 256)
+    assert all(torch.equal(weights.tensor(name), state[name]) for name in state)
+    ours = reference_model.logits(model, weights, IDS, 260)
+    assert all(np.array_equal(row, _transformers_logits(full, ids)) for ids, row in zip(IDS, ours))
     assert all(p.device.type == "meta" for p in model.parameters())        # lent weights were given back
+
+
+def test_the_checkpoint_read_is_the_one_transformers_loads(tmp_path):
+    """model.safetensors, else the index's shards; never another .safetensors beside them (Mistral's consolidated
+    file, a stale copy): read, it would be the graph's weights and the check's reference both."""
+    model = tm.make_model("llama", 260, seed=3)
+    sharded = tmp_path / "sharded"
+    model.save_pretrained(sharded, max_shard_size="20KB")
+    tm.byte_tokenizer().save_pretrained(sharded)
+    assert len(list(sharded.glob("model-*.safetensors"))) > 2
+    stale = {name: 3 * tensor for name, tensor in model.state_dict().items()}
+    save_file(stale, sharded / "consolidated.safetensors", metadata={"format": "pt"})
+    weights = _opened(sharded)[2]
+    assert weights.how.startswith(f"read a tensor at a time from {len(list(sharded.glob('model-*')))} safetensors")
+    full = _float32_load(sharded)
+    assert all(torch.equal(weights.tensor(name), tensor) for name, tensor in full.state_dict().items())
+    save_file(stale, sharded / "model.safetensors", metadata={"format": "pt"})   # transformers prefers it to the index
+    weights = _opened(sharded)[2]
+    assert weights.how == "read a tensor at a time from 1 safetensors file"
+    assert torch.equal(weights.tensor("model.norm.weight"), _float32_load(sharded).model.norm.weight)
+
+
+def test_eos_ids_come_from_where_transformers_takes_them(tmp_path):
+    import json
+
+    from specedge.errors import ExportError
+    folder = _saved(tmp_path, "qwen2", torch.bfloat16)
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": [7, 256]}))
+    assert open_source(str(folder)).eos_token_ids()[0][:2] == [7, 256]
+    (folder / "generation_config.json").unlink()                  # then config.json's generation settings
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": [9, 256]}))
+    assert open_source(str(folder)).eos_token_ids()[0][:2] == [9, 256]
+    (folder / "generation_config.json").write_text('{"eos_token_id": 7, "cache_implementation": "nonexistent"}')
+    with pytest.raises(ExportError, match="cannot read the generation config of"):
+        open_source(str(folder)).eos_token_ids()
+
+
+def test_weights_lent_to_a_module_are_given_back_after_an_error_and_lending_does_not_nest(tmp_path):
+    _, model, weights = _opened(_saved(tmp_path, "qwen2", torch.bfloat16))
+    with pytest.raises(IndexError), reference_model.weights_while_running(model, weights):
+        model(input_ids=torch.tensor([[5000]]))                   # past the embedding: raises mid-forward
+    assert all(p.device.type == "meta" for p in model.parameters())
+    with reference_model.weights_while_running(model, weights), pytest.raises(RuntimeError, match="already active"):
+        with reference_model.weights_while_running(model, weights):
+            pass
+    assert reference_model.logits(model, weights, IDS[:1], 260)[0].shape == (len(IDS[0]), 260)
 
 
 @pytest.mark.parametrize("vocab_rows", [250, 260])
@@ -95,23 +138,27 @@ def test_dequantized_overrides_equal_the_dequantized_weights_loaded_into_the_mod
     assert not np.array_equal(ours, reference_model.logits(model, weights, IDS[:1], 260)[0])
 
 
-def test_a_checkpoint_with_tensors_under_other_names_is_loaded_by_transformers(tmp_path):
-    """An extra tensor the model does not name (old checkpoints saved rope frequencies): transformers loads it,
-    in its stored dtype, and the export is the same as from the clean checkpoint."""
-    clean = _saved(tmp_path, "llama", torch.bfloat16)
+def test_a_checkpoint_with_tensors_under_other_names_is_loaded_by_transformers_in_float32(tmp_path):
+    """An extra tensor the model does not name (old checkpoints saved rope frequencies): transformers loads it, in
+    float32 even where config.json says bf16 (its dtype "auto" would round the float32 tensors stored), and the
+    export is the same as from the clean checkpoint."""
+    import json
     import shutil
+    clean = _saved(tmp_path, "llama", torch.float32)
     legacy = tmp_path / "legacy"
     shutil.copytree(clean, legacy)
     tensors = load_file(legacy / "model.safetensors")
     tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
     save_file(tensors, legacy / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((legacy / "config.json").read_text())
+    (legacy / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
     weights = _opened(legacy)[2]
-    assert weights.how == "loaded by transformers (bfloat16)"
-    _, _, streamed = _opened(clean)
+    assert weights.how == "loaded by transformers (float32)"
+    streamed = _opened(clean)[2]
     assert all(torch.equal(weights.tensor(n), streamed.tensor(n)) for n in streamed.names)
     lines = []
     bundle = export_bundle(str(legacy), None, tmp_path / "b", max_seq_len=64, max_draft=4, progress=lines.append)
-    assert any("loaded by transformers (bfloat16)" in line for line in lines)
+    assert any("loaded by transformers (float32)" in line for line in lines)
     assert (bundle / "manifest.json").exists()
 
 
@@ -153,3 +200,28 @@ def test_a_hub_id_reads_the_safetensors_of_its_snapshot(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with pytest.raises(source_weights.ExportError, match="cannot download the weights of org/model: no connection"):
         open_weights(source, model)
+
+
+@pytest.mark.parametrize("arch,quantize", [("qwen2", False), ("qwen2", True), ("llama", True), ("qwen3", False)])
+def test_a_gguf_file_is_dequantized_a_tensor_at_a_time_as_transformers_loads_it(tmp_path, arch, quantize):
+    """transformers' own name map and tensor processor (llama's q/k permutation undone), one tensor at a time:
+    every tensor, and the reference's logits, equal transformers' whole-file load bit for bit."""
+    from test_gguf_source import write_gguf
+
+    config = tm.make_config(arch, 258)
+    config.tie_word_embeddings = False
+    if arch == "qwen3":
+        config.head_dim, config.attention_bias = 128, False          # what transformers' GGUF config assumes
+    if arch == "llama":
+        config.num_key_value_heads = config.num_attention_heads // 2
+    model = tm.make_model_from(config, seed=5)
+    path = tmp_path / f"{arch}.gguf"
+    write_gguf(model, path, quantize=quantize)
+    source, skeleton, weights = _opened(path)
+    assert weights.how == "dequantized a tensor at a time from the GGUF file"
+    full = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32)
+    state = full.eval().state_dict()
+    assert sorted(weights.names) == sorted(state)
+    assert all(torch.equal(weights.tensor(name), state[name]) for name in state)
+    ours = reference_model.logits(skeleton, weights, IDS[:1], 258)[0]
+    assert np.array_equal(ours, _transformers_logits(full, IDS[0])[:, :258])

@@ -33,20 +33,24 @@ def weights_while_running(model, weights, overrides: Overrides | None = None):
     `overrides`, and gives them back afterwards."""
     import torch
 
+    if getattr(model, "_specedge_lending", False):       # a second set of hooks would hand back the wrong tensors
+        raise RuntimeError("weights_while_running is already active on this model")
     overrides = overrides or {}
-    handles, lent = [], {}
+    handles, lent = [], {}                                # module -> a stack of what it had (a module may recurse)
 
     def lend(module, _args):
-        lent[module] = dict(module._parameters)
-        for key, param in lent[module].items():
+        own = dict(module._parameters)
+        lent.setdefault(module, []).append(own)
+        for key, param in own.items():
             if param is not None:
                 name = f"{module.qualified_name}.{key}" if module.qualified_name else key
                 value = overrides[name]() if name in overrides else weights.tensor(name)
                 module._parameters[key] = torch.nn.Parameter(value, requires_grad=False)
 
     def give_back(module, _args, _output):
-        module._parameters.update(lent.pop(module))
+        module._parameters.update(lent[module].pop())
 
+    model._specedge_lending = True
     try:
         for name, module in model.named_modules():
             if any(p is not None for p in module._parameters.values()):
@@ -56,21 +60,18 @@ def weights_while_running(model, weights, overrides: Overrides | None = None):
     finally:
         for handle in handles:
             handle.remove()
-        for module, params in lent.items():          # a forward that raised leaves its modules' weights lent
-            module._parameters.update(params)
+        for module, stack in lent.items():               # a forward that raised leaves its modules' weights lent
+            if stack:
+                module._parameters.update(stack[0])
+        model._specedge_lending = False
 
 
 def logits(model, weights, rows: list[list[int]], vocab_size: int, overrides: Overrides | None = None) -> list[np.ndarray]:
-    """The model's logits over each row of ids, teacher-forced, in one forward pass -> [len(row), vocab_size]
-    float32 per row. Rows of different lengths are right-padded: a causal model's logits at a position do not
-    depend on what follows it."""
+    """The model's logits over each row of ids, teacher-forced, a pass per row -> [len(row), vocab_size] float32 each.
+    Not one padded batch: attention's kernels depend on the sequence length, so padding changes the last bits, and
+    these logits are what the graph's are measured against."""
     import torch
 
-    width = max(len(row) for row in rows)
-    ids = torch.tensor([row + [0] * (width - len(row)) for row in rows])
-    mask = None
-    if any(len(row) < width for row in rows):
-        mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
     with torch.no_grad(), weights_while_running(model, weights, overrides):
-        out = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :, :vocab_size].float().numpy()
-    return [out[i, : len(row)] for i, row in enumerate(rows)]
+        return [model(input_ids=torch.tensor([row]), use_cache=False).logits[0, :, :vocab_size].float().numpy()
+                for row in rows]

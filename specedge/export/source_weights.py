@@ -2,9 +2,9 @@
 
 A safetensors checkpoint whose tensor names and shapes are the model's own (what transformers saves, what the hub
 serves for the architectures specedge exports) is read straight from its files a tensor at a time, so export
-memory no longer grows with the model: a 7B target no longer needs ~30 GB. Anything else (a GGUF file, a .bin
-checkpoint, legacy tensor names, an image-and-text checkpoint) is loaded by transformers, in its stored dtype
-(GGUF in float32: bf16 would round its dequantized values), and read from that model.
+memory no longer grows with the model: a 7B target no longer needs ~30 GB. A GGUF file is dequantized a tensor
+at a time. Anything else (a .bin checkpoint, legacy tensor names, an image-and-text checkpoint) is loaded by
+transformers in float32, as before, and read from that model.
 
 Every tensor is handed out in float32: bf16 and fp16 widen exactly, so the graph's weights and the reference the
 graph is checked against equal those of a float32 load bit for bit.
@@ -13,6 +13,7 @@ graph is checked against equal those of a float32 load bit for bit.
 from __future__ import annotations
 
 from collections.abc import Callable
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,8 @@ import numpy as np
 
 from specedge.errors import ExportError
 
-SAFETENSORS_PATTERNS = ["*.safetensors", "*.safetensors.index.json"]
+# what transformers loads from a hub repo: not, say, Mistral's consolidated.safetensors or an adapter beside it
+SAFETENSORS_PATTERNS = ["model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors"]
 
 
 @dataclass
@@ -45,10 +47,19 @@ class SourceWeights:
         return self.tensor(name).numpy()
 
 
+@dataclass
+class _Stored:
+    """What a checkpoint file holds, by the model's tensor names: name -> (shape, () -> torch tensor)."""
+    tensors: dict[str, tuple[tuple, Callable[[], object]]]
+    how: str
+    keep: list
+    others_ignored: bool              # tensors the model does not name: ignored (GGUF, as transformers does) or not
+
+
 def open_weights(source, skeleton) -> SourceWeights:
     """skeleton: the source's model with its parameters on the meta device (reference_model.skeleton)."""
-    files = _safetensors_files(source)
-    streamed = _streamed(files, skeleton) if files else None
+    stored = _gguf_tensors(source, skeleton) if source.kind == "gguf" else _safetensors_tensors(source)
+    streamed = _streamed(stored, skeleton) if stored else None
     if streamed is not None:
         return streamed
     model = source.load_model()
@@ -57,44 +68,84 @@ def open_weights(source, skeleton) -> SourceWeights:
                          f"loaded by transformers ({_dtype_name(state)})", keep=[model])
 
 
-def _streamed(files: list[Path], skeleton) -> SourceWeights | None:
-    """Readers straight from the files where every tensor the model has is there under its own name and shape, and
-    nothing else is (else None: transformers maps and reports what differs)."""
-    from safetensors import safe_open
-
-    try:
-        handles = [safe_open(str(path), framework="pt") for path in files]
-    except Exception:  # noqa: BLE001 - a corrupt file: transformers' load says what is wrong with it
-        return None
-    where = {name: handle for handle in handles for name in handle.keys()}
+def _streamed(stored: _Stored, skeleton) -> SourceWeights | None:
+    """Readers of the stored tensors where every tensor the model has is there under its own name and shape (else
+    None: transformers maps and reports what differs). A tied head with no tensor of its own reads the embedding."""
     state = skeleton.state_dict(keep_vars=True)        # parameters on meta (their shapes), buffers real
     params = {id(p): name for name, p in skeleton.named_parameters()}           # a tied tensor: its first name
     readers: dict[str, Callable[[], object]] = {}
     for name, value in state.items():
-        stored = name if name in where else params.get(id(value), name)
-        if stored in where:
-            if tuple(where[stored].get_slice(stored).get_shape()) != tuple(value.shape):
+        key = name if name in stored.tensors else params.get(id(value), name)
+        if key in stored.tensors:
+            shape, read = stored.tensors[key]
+            if tuple(shape) != tuple(value.shape):
                 return None
-            readers[name] = (lambda h=where[stored], n=stored: h.get_tensor(n))
+            readers[name] = read
         elif value.device.type == "meta":
             return None               # a parameter the checkpoint lacks (or names otherwise)
         else:
             readers[name] = (lambda t=value: t)                                   # a buffer the model computes
-    if set(where) - set(readers):
+    if not stored.others_ignored and set(stored.tensors) - set(readers):
         return None                   # tensors the model does not name as they are: legacy names
-    count = f"{len(files)} safetensors file{'s' if len(files) != 1 else ''}"
-    return SourceWeights(readers, f"read a tensor at a time from {count}", keep=handles)
+    return SourceWeights(readers, stored.how, keep=stored.keep)
 
 
-def _safetensors_files(source) -> list[Path]:
-    if source.kind == "gguf" or source.text_of:
-        return []
+def _safetensors_tensors(source) -> _Stored | None:
+    """The checkpoint transformers would load: model.safetensors, else the shards model.safetensors.index.json names
+    (not, say, Mistral's consolidated.safetensors or a stale copy beside them)."""
+    from safetensors import safe_open
+
+    if source.text_of:
+        return None
     folder = Path(source.where) if source.kind == "hf-folder" else _hub_snapshot(source.where)
-    return sorted(folder.glob("*.safetensors")) if folder else []
+    index = folder / "model.safetensors.index.json"
+    try:
+        names = ["model.safetensors"] if (folder / "model.safetensors").exists() else \
+            sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else []
+        handles = [safe_open(str(folder / name), framework="pt") for name in names]
+    except Exception:  # noqa: BLE001 - a corrupt file or index: transformers' load says what is wrong with it
+        return None
+    if not handles:
+        return None
+    tensors = {name: (handle.get_slice(name).get_shape(), lambda h=handle, n=name: h.get_tensor(n))
+               for handle in handles for name in handle.keys()}  # noqa: SIM118 - safe_open has keys(), no iteration
+    count = f"{len(handles)} safetensors file{'s' if len(handles) != 1 else ''}"
+    return _Stored(tensors, f"read a tensor at a time from {count}", handles, others_ignored=False)
 
 
-def _hub_snapshot(repo_id: str) -> Path | None:
-    """The hub checkpoint's safetensors files in the local cache (downloaded if missing): None if it has none."""
+def _gguf_tensors(source, skeleton) -> _Stored | None:
+    """A GGUF file's tensors, each dequantized when read, named and processed as transformers' GGUF loader does (its
+    own name map and tensor processor: llama's q/k permutation undone). Only where that processor works a tensor at a
+    time (the others need the whole file at once): None otherwise."""
+    import torch
+    from gguf import GGUFReader, dequantize
+    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, LlamaTensorProcessor, TensorProcessor,
+                                                          get_gguf_hf_weights_map, read_field)
+
+    path = str(Path(source.where) / source.extra["gguf_file"])
+    try:
+        reader = GGUFReader(path)
+        architecture = read_field(reader, "general.architecture")[0]
+        processor_class = TENSOR_PROCESSORS.get(architecture, TensorProcessor)
+        if processor_class not in (TensorProcessor, LlamaTensorProcessor):
+            return None
+        processor = processor_class(config=source.config)     # the head counts llama's permutation needs
+        names = get_gguf_hf_weights_map(skeleton, processor)                     # GGUF name -> the model's
+    except Exception:  # noqa: BLE001 - a corrupt file: transformers' load says what is wrong with it
+        return None
+
+    def read(tensor):
+        weights = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name).weights
+        return torch.from_numpy(np.array(weights))              # a copy: an f32 tensor is a view of the mapped file
+
+    tensors = {names[t.name]: (tuple(int(n) for n in reversed(t.shape)), lambda t=t: read(t))
+               for t in reader.tensors if t.name in names}
+    return _Stored(tensors, "dequantized a tensor at a time from the GGUF file", [reader], others_ignored=True)
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    """The folder in the local cache holding the hub checkpoint's safetensors files, downloaded if missing (none if
+    it has none: transformers then loads what it has)."""
     from huggingface_hub import snapshot_download
 
     try:

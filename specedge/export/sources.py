@@ -28,14 +28,13 @@ class Source:
     config_object: object = None        # transformers' config (of the language model for a multimodal source)
 
     def load_model(self):
-        """-> transformers PreTrainedModel in its stored dtype (float32 from GGUF), eval mode."""
+        """-> transformers PreTrainedModel, float32, eval mode (sources that cannot be read a tensor at a time)."""
         import torch
         import transformers
 
-        dtype = torch.float32 if self.kind == "gguf" else "auto"    # bf16 would round a GGUF's dequantized values
-        try:
+        try:    # float32: "auto" takes config.dtype, which would round wider stored tensors (or a GGUF's values)
             model, info = transformers.AutoModelForCausalLM.from_pretrained(
-                self.where, dtype=dtype, output_loading_info=True, **self.extra)
+                self.where, dtype=torch.float32, output_loading_info=True, **self.extra)
         except Exception as err:  # noqa: BLE001 - a corrupt file or a shape mismatch raises whatever its library raises
             raise ExportError(f"cannot load weights of {self.description}: {_first_line(err)}") from err
         # transformers fills what the checkpoint lacks with random values and says so in a log: a bundle of those
@@ -48,15 +47,21 @@ class Source:
         return _language_model(model) if self.text_of else model.eval()
 
     def generation_config(self):
-        """The source's generation_config.json (its eos ids), else the one its config implies."""
+        """What transformers' from_pretrained gives the model (its eos ids): generation_config.json, else the
+        generation settings of config.json (the whole config's, for an image-and-text source); a GGUF's from its
+        config."""
         import transformers
 
-        if self.kind != "gguf":
+        if self.kind == "gguf":
+            return transformers.GenerationConfig.from_model_config(self.config_object)
+        try:
             try:
                 return transformers.GenerationConfig.from_pretrained(self.where, **self.extra)
-            except (OSError, ValueError):
-                pass
-        return transformers.GenerationConfig.from_model_config(self.config_object)
+            except OSError:
+                return transformers.GenerationConfig.from_pretrained(
+                    self.where, config_file_name="config.json", _from_model_config=True, **self.extra)
+        except Exception as err:  # noqa: BLE001 - an invalid file raises whatever its parser raises
+            raise ExportError(f"cannot read the generation config of {self.description}: {_first_line(err)}") from err
 
     def eos_token_ids(self) -> tuple[list[int], list[str]]:
         """-> (every id generation stops at, the end-of-turn tokens among them that the source does not declare)"""

@@ -175,6 +175,76 @@ def test_a_seed_reproduces_a_sampled_output(server):
     assert other.choices[0].text != first.choices[0].text
 
 
+def test_n_choices_are_sequences_of_their_own_seeded_seed_plus_index(server):
+    """'n': choice i of a seeded request is the n = 1 request with seed + i (pass@k evaluations draw several samples
+    a prompt); greedy choices are all the target's one output; usage counts the prompt once."""
+    srv, gen = server
+    c = client(srv)
+    kw = dict(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0.9, seed=11,
+              extra_body={"speculation": {"policy": "fixed:3"}, "ignore_eos": True})
+    many = c.completions.create(n=3, **kw)
+    assert [ch.index for ch in many.choices] == [0, 1, 2]
+    alone = [c.completions.create(**{**kw, "seed": 11 + i}) for i in range(3)]
+    texts = [out.choices[0].text for out in alone]
+    assert [ch.text for ch in many.choices] == texts and len(set(texts)) > 1
+    assert many.usage.prompt_tokens == len(gen.encode(PROMPT)) and many.usage.completion_tokens == 36
+    for counted in ("drafted_tokens", "accepted_tokens"):    # the stats of every choice together
+        assert many.model_extra["speculation"][counted] == sum(out.model_extra["speculation"][counted]
+                                                               for out in alone)
+    chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                     temperature=0, n=2, extra_body={"ignore_eos": True})
+    one = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                    temperature=0, extra_body={"ignore_eos": True})
+    assert [ch.message.content for ch in chat.choices] == [one.choices[0].message.content] * 2
+    assert wait_idle(srv)["running"] == 0
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_n_streamed_choices_each_end_once_and_the_stats_come_last(server, kind):
+    srv, gen = server
+    c = client(srv)
+    common = dict(model=MODEL, max_tokens=10, temperature=0.8, seed=3, n=3,       # a fixed k: the same draws
+                  extra_body={"ignore_eos": True, "speculation": {"policy": "fixed:3"}})
+    if kind == "chat":
+        messages = [{"role": "user", "content": "hi"}]
+        make = lambda **kw: c.chat.completions.create(messages=messages, **common, **kw)  # noqa: E731
+        text_of = lambda ch: ch.delta.content or ""  # noqa: E731
+        whole = [ch.message.content for ch in make().choices]
+    else:
+        make = lambda **kw: c.completions.create(prompt=PROMPT, **common, **kw)  # noqa: E731
+        text_of = lambda ch: ch.text  # noqa: E731
+        whole = [ch.text for ch in make().choices]
+    chunks = list(make(stream=True, stream_options={"include_usage": True}))
+    texts = ["".join(text_of(ch.choices[0]) for ch in chunks if ch.choices and ch.choices[0].index == i)
+             for i in range(3)]
+    assert texts == whole
+    finals = sorted(ch.choices[0].index for ch in chunks if ch.choices and ch.choices[0].finish_reason)
+    assert finals == [0, 1, 2]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 30
+    assert "speculation" in chunks[-1].model_extra
+    plain = list(make(stream=True))                       # without include_usage the last finish carries the stats
+    assert plain[-1].choices[0].finish_reason == "length" and "speculation" in plain[-1].model_extra
+    assert sum("speculation" in ch.model_extra for ch in plain) == 1
+
+
+def test_n_choices_that_do_not_all_fit_are_one_429_and_a_client_that_leaves_ends_them_all(bundle):
+    with running(bundle, max_batch=1, max_queue=1, slow=0.02) as (srv, gen):
+        full = post(srv, "/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 50, "n": 3})
+        assert_openai_error(full, 429)
+        state = wait_idle(srv)
+        assert state["running"] == 0 and state["waiting"] == 0
+        out = client(srv).completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, n=2, temperature=0)
+        assert len(out.choices) == 2 and out.usage.completion_tokens <= 6
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 200, "n": 2, "stream": True, "ignore_eos": True,
+                "speculation": "off"}                                      # one token per step
+        before = gen.counters["steps"]
+        with httpx.stream("POST", srv.url + "/completions", json=body, timeout=30) as response:
+            assert next(response.iter_lines()).startswith("data: ")
+        state = wait_idle(srv)                              # the client left: both choices end
+        assert state["running"] == 0 and state["waiting"] == 0
+        assert gen.counters["steps"] - before < 300         # not the 400 steps of both choices run to the end
+
+
 def test_greedy_output_equals_specedge_generate_while_other_requests_run(server, bundle, capsys):
     srv, gen = server
     assert main(["generate", str(bundle), "--prompt", PROMPT, "--max-new-tokens", "40", "--ignore-eos", "--json",
@@ -214,7 +284,8 @@ def test_four_hundreds_are_in_openai_shape_and_the_server_goes_on(server):
     srv, gen = server
     base = {"model": MODEL, "prompt": "x"}
     cases = [
-        ({**base, "n": 2}, "n"), ({**base, "presence_penalty": -3}, "presence_penalty"),
+        ({**base, "n": 0}, "n"), ({**base, "n": 129}, "n"), ({**base, "n": 1.5}, "n"),
+        ({**base, "presence_penalty": -3}, "presence_penalty"), ({**base, "best_of": 2}, "best_of"),
         ({**base, "logprobs": 6}, "logprobs"), ({**base, "echo": True}, "echo"), ({**base, "suffix": "s"}, "suffix"),
         ({**base, "logit_bias": {"1": 500}}, "logit_bias"), ({**base, "bogus": 1}, "bogus"),
         ({**base, "temperature": -1}, "temperature"), ({**base, "max_tokens": 0}, "max_tokens"),
@@ -255,7 +326,7 @@ def test_four_hundreds_are_in_openai_shape_and_the_server_goes_on(server):
     assert_openai_error(httpx.get(srv.url + "/nowhere"), 404)
     assert_openai_error(httpx.get(srv.url + "/completions"), 405)
     with pytest.raises(openai.BadRequestError, match="not supported"):
-        client(srv).completions.create(model=MODEL, prompt="x", n=3)
+        client(srv).completions.create(model=MODEL, prompt="x", best_of=3)
     # default values that clients send anyway are accepted
     ok = post(srv, "/completions", {**base, "n": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": None,
                                     "echo": False, "best_of": 1, "logit_bias": {}, "user": "me", "max_tokens": 2})

@@ -145,7 +145,7 @@ def test_defaults_and_overrides_map_to_runtime_options(gen):
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"prompt": "x", "n": 3}, "n"),
+    ({"prompt": "x", "n": 0}, "n"),
     ({"prompt": "x", "best_of": 2}, "best_of"),
     ({"prompt": "x", "logprobs": 6}, "logprobs"),
     ({"prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids"),

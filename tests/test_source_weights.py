@@ -217,7 +217,7 @@ def test_a_gguf_file_is_dequantized_a_tensor_at_a_time_as_transformers_loads_it(
     model = tm.make_model_from(config, seed=5)
     path = tmp_path / f"{arch}.gguf"
     write_gguf(model, path, quantize=quantize)
-    source, skeleton, weights = _opened(path)
+    _, skeleton, weights = _opened(path)
     assert weights.how == "dequantized a tensor at a time from the GGUF file"
     full = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32)
     state = full.eval().state_dict()

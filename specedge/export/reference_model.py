@@ -66,7 +66,8 @@ def weights_while_running(model, weights, overrides: Overrides | None = None):
         model._specedge_lending = False
 
 
-def logits(model, weights, rows: list[list[int]], vocab_size: int, overrides: Overrides | None = None) -> list[np.ndarray]:
+def logits(model, weights, rows: list[list[int]], vocab_size: int,
+           overrides: Overrides | None = None) -> list[np.ndarray]:
     """The model's logits over each row of ids, teacher-forced, a pass per row -> [len(row), vocab_size] float32 each.
     Not one padded batch: attention's kernels depend on the sequence length, so padding changes the last bits, and
     these logits are what the graph's are measured against."""

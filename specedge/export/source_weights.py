@@ -12,8 +12,8 @@ graph is checked against equal those of a float32 load bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,8 +119,13 @@ def _gguf_tensors(source, skeleton) -> _Stored | None:
     time (the others need the whole file at once): None otherwise."""
     import torch
     from gguf import GGUFReader, dequantize
-    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, LlamaTensorProcessor, TensorProcessor,
-                                                          get_gguf_hf_weights_map, read_field)
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        LlamaTensorProcessor,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+        read_field,
+    )
 
     path = str(Path(source.where) / source.extra["gguf_file"])
     try:

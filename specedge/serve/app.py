@@ -154,11 +154,21 @@ class Service:
         return endpoint
 
     # -- generation ----------------------------------------------------------------------------------
-    def _open(self, req: protocol.ParsedRequest):
+    def _open(self, req: protocol.ParsedRequest) -> list:
+        """Submits the request's n choices -> their handles; if one cannot be submitted, none runs."""
+        handles = []
         try:
-            handle = self.bridge.open(req.prompt_ids, timeout=req.timeout, **req.options)
-            self.active.add(handle)
-            return handle
+            for index in range(req.n):
+                handles.append(self._open_choice(req, index))
+                self.active.add(handles[-1])
+        except BaseException:
+            self._cancel(handles)
+            raise
+        return handles
+
+    def _open_choice(self, req: protocol.ParsedRequest, index: int):
+        try:
+            return self.bridge.open(req.prompt_ids, timeout=req.timeout, **protocol.choice_options(req, index))
         except QueueFull as err:
             raise APIError(429, f"the server is busy: {err}", None, "queue_full",
                            {"Retry-After": str(RETRY_AFTER_S)}) from None
@@ -175,38 +185,48 @@ class Service:
     async def generate(self, request: Request, started: float, kind: str) -> Response:
         body = await self._read_json(request)
         req = protocol.parse(body, kind, self.gen, self.limits)
-        handle = self._open(req)
+        handles = self._open(req)
         if req.stream:
-            self._unstarted.add(handle)
-            return StreamingResponse(self._sse(request, req, handle, started), media_type="text/event-stream",
+            self._unstarted.update(handles)
+            return StreamingResponse(self._sse(request, req, handles, started), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                                     background=BackgroundTask(self._release, request, req, handle, started))
-        outcome: dict = {}
+                                     background=BackgroundTask(self._release, request, req, handles, started))
+        outcomes: list[dict] = [{} for _ in handles]
 
-        async def collect():
+        async def collect(handle, outcome):
             async for _ in self._follow(handle, outcome):
                 pass
 
-        waiter = asyncio.ensure_future(collect())
+        waiter = asyncio.ensure_future(asyncio.gather(*map(collect, handles, outcomes)))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-            if not waiter.done():                    # the client went away (or we are cancelled): free the slot
+            if not waiter.done():                    # the client went away (or we are cancelled): free the slots
                 waiter.cancel()
-                handle.cancel()
-                self.active.discard(handle)
+                self._cancel(handles)
         if waiter.cancelled() or not waiter.done():
-            self._log(request, req, handle, CLIENT_CLOSED, "cancelled", None, started)
+            self._log(request, req, handles, CLIENT_CLOSED, "cancelled", None, started)
             return Response(status_code=CLIENT_CLOSED)
-        waiter.result()                                # raises the APIError of a failed or refused end
-        stop, stats = outcome["stop"], outcome["stats"]
-        spec = protocol.speculation(stats, req.speculation, stop)
-        self._done(req, handle, stop, stats, started)
-        self._log(request, req, handle, 200, stop, spec, started)
-        return JSONResponse(protocol.response(req, handle.text, len(handle.tokens), stats.cached_prompt_tokens, stop,
-                                              spec, self._logprobs(req, handle.logprobs, TextOffsets(self.token_text))))
+        if waiter.exception() is not None:           # a failed or refused end: the other choices end too
+            self._cancel(handles)
+            raise waiter.exception()
+        stop = outcomes[0]["stop"]
+        spec = protocol.speculation(_combined(outcomes), req.speculation, stop)
+        for handle, outcome in zip(handles, outcomes):
+            self._done(req, handle, outcome["stop"], outcome["stats"], started)
+        self._log(request, req, handles, 200, stop, spec, started)
+        choices = [protocol.Choice(handle.text, outcome["stop"],
+                                   self._logprobs(req, handle.logprobs, TextOffsets(self.token_text)))
+                   for handle, outcome in zip(handles, outcomes)]
+        return JSONResponse(protocol.response(req, choices, sum(len(h.tokens) for h in handles),
+                                              outcomes[0]["stats"].cached_prompt_tokens, spec))
+
+    def _cancel(self, handles: list) -> None:
+        for handle in handles:
+            handle.cancel()
+            self.active.discard(handle)
 
     def _logprobs(self, req, entries: list, offsets: TextOffsets) -> dict | None:
         """The logprobs block of these tokens in the request kind's shape; None where none were asked for.
@@ -242,63 +262,80 @@ class Service:
             raise APIError(503, "the server is shutting down; the request was cancelled", None, "shutting_down")
         outcome.update(stop=stop, stats=stats)
 
-    async def _release(self, request: Request, req, handle, started: float) -> None:
+    async def _release(self, request: Request, req, handles: list, started: float) -> None:
         """After a streamed response, however it ended: a stream whose body never started (the client left at
-        once) still holds its sequence; cancel it."""
-        self.active.discard(handle)
-        if handle.result is None:
-            handle.cancel()
-        if handle in self._unstarted:
-            self._unstarted.discard(handle)
-            self._log(request, req, handle, CLIENT_CLOSED, "cancelled", None, started)
+        once) still holds its sequences; cancel them."""
+        for handle in handles:
+            self.active.discard(handle)
+            if handle.result is None:
+                handle.cancel()
+        if any(handle in self._unstarted for handle in handles):
+            self._unstarted.difference_update(handles)
+            self._log(request, req, handles, CLIENT_CLOSED, "cancelled", None, started)
 
-    async def _sse(self, request: Request, req, handle, started: float):
-        self._unstarted.discard(handle)
-        status, stop, spec, outcome = CLIENT_CLOSED, "cancelled", None, {}
+    async def _choice_chunks(self, req, handle, index: int, outcome: dict, started: float):
+        """One choice's stream chunks, its finish chunk last; fills outcome (stop, stats) before that one, or raises
+        APIError (_follow)."""
+        if req.kind == "chat":
+            yield protocol.chunk(req, "", first=True, index=index)
+        offsets = TextOffsets(self.token_text)           # completions' text_offset, carried from chunk to chunk
+        calling = ToolCallStream(req.tools) if req.tools else None       # holds a tool call back until it is whole
+        thinking = ReasoningStream(req.thinking) if req.thinking is not None else None   # <think> apart
+        async for piece, logprobs in self._follow(handle, outcome):
+            thought, piece = thinking.feed(piece) if thinking else ("", piece)
+            if thought:
+                yield protocol.chunk(req, None, reasoning=thought, index=index)
+            piece = calling.feed(piece) if calling else piece
+            if piece or logprobs:
+                yield protocol.chunk(req, piece, logprobs=self._logprobs(req, logprobs or [], offsets), index=index)
+        self._done(req, handle, outcome["stop"], outcome["stats"], started)   # counted before the client sees the end
+        thought, rest = thinking.finish() if thinking else ("", "")
+        if thought:
+            yield protocol.chunk(req, None, reasoning=thought, index=index)
+        rest = calling.feed(rest) if calling else rest
+        if rest:
+            yield protocol.chunk(req, rest, index=index)
+        rest, calls = calling.finish() if calling else ("", [])
+        if rest:
+            yield protocol.chunk(req, rest, index=index)
+        if calls:
+            yield protocol.chunk(req, None, calls=calls, index=index)
+        finish = "tool_calls" if calls else protocol.finish_reason(outcome["stop"])
+        yield protocol.chunk(req, None, finish=finish, index=index)
+
+    async def _sse(self, request: Request, req, handles: list, started: float):
+        self._unstarted.difference_update(handles)
+        status, stop, spec, outcomes = CLIENT_CLOSED, "cancelled", None, [{} for _ in handles]
         try:
-            if req.kind == "chat":
-                yield _event(protocol.chunk(req, "", first=True))
-            offsets = TextOffsets(self.token_text)       # completions' text_offset, carried from chunk to chunk
-            calling = ToolCallStream(req.tools) if req.tools else None   # holds a tool call back until it is whole
-            thinking = ReasoningStream(req.thinking) if req.thinking is not None else None   # <think> apart
+            streams = [self._choice_chunks(req, handle, index, outcome, started)
+                       for index, (handle, outcome) in enumerate(zip(handles, outcomes))]
+            finished, final = 0, None
             try:
-                async for piece, logprobs in self._follow(handle, outcome):
-                    thought, piece = thinking.feed(piece) if thinking else ("", piece)
-                    if thought:
-                        yield _event(protocol.chunk(req, None, reasoning=thought))
-                    piece = calling.feed(piece) if calling else piece
-                    if piece or logprobs:
-                        yield _event(protocol.chunk(req, piece, logprobs=self._logprobs(req, logprobs or [], offsets)))
+                async for event in _merged(streams):
+                    if event["choices"][0]["finish_reason"] is not None:
+                        finished += 1
+                        if finished == len(handles):        # the last choice's end: the stats come with it
+                            final = event
+                            continue
+                    yield _event(event)
             except APIError as err:                       # headers are sent: an error event, then the end
+                self._cancel(handles)
                 status, stop = err.status, err.code or err.type
                 self.metrics.request_error(err.status)
                 yield _event(err.body())
                 yield "data: [DONE]\n\n"
                 return
-            stop, stats = outcome["stop"], outcome["stats"]
-            spec = protocol.speculation(stats, req.speculation, stop)
-            status = 200
-            self._done(req, handle, stop, stats, started)    # counted before the client can see the end
-            thought, rest = thinking.finish() if thinking else ("", "")
-            if thought:
-                yield _event(protocol.chunk(req, None, reasoning=thought))
-            rest = calling.feed(rest) if calling else rest
-            if rest:
-                yield _event(protocol.chunk(req, rest))
-            rest, calls = calling.finish() if calling else ("", [])
-            if rest:
-                yield _event(protocol.chunk(req, rest))
-            if calls:
-                yield _event(protocol.chunk(req, None, calls=calls))
-            final = protocol.chunk(req, None, finish="tool_calls" if calls else protocol.finish_reason(stop))
+            stop, status = outcomes[0]["stop"], 200
+            spec = protocol.speculation(_combined(outcomes), req.speculation, stop)
             if req.include_usage:
                 yield _event(final)
-                final = protocol.usage_chunk(req, len(handle.tokens), stats.cached_prompt_tokens)
+                final = protocol.usage_chunk(req, sum(len(h.tokens) for h in handles),
+                                             outcomes[0]["stats"].cached_prompt_tokens)
             final["speculation"] = spec                   # the stream's last chunk carries the stats
             yield _event(final)
             yield "data: [DONE]\n\n"
         finally:
-            self._log(request, req, handle, status, stop, spec, started)
+            self._log(request, req, handles, status, stop, spec, started)
 
     def _done(self, req, handle, stop: str, stats, started: float) -> None:
         n = len(handle.tokens)
@@ -307,14 +344,15 @@ class Service:
         self.metrics.request_done(len(req.prompt_ids), stats.cached_prompt_tokens, n, protocol.finish_reason(stop),
                                   time.perf_counter() - handle.arrived, ttft, tpot)
 
-    def _log(self, request, req, handle, status: int, stop: str, spec: dict | None, started: float) -> None:
+    def _log(self, request, req, handles: list, status: int, stop: str, spec: dict | None, started: float) -> None:
         total = time.perf_counter() - started
-        ttft = f"{handle.first_token_at - handle.arrived:.3f}s" if handle.first_token_at else "-"
-        n = len(handle.tokens)
-        extra = ""
+        firsts = [h.first_token_at - h.arrived for h in handles if h.first_token_at]
+        ttft = f"{min(firsts):.3f}s" if firsts else "-"
+        n = sum(len(h.tokens) for h in handles)
+        extra = f" n={len(handles)}" if len(handles) > 1 else ""
         if spec:
-            extra = (f" drafted={spec['drafted_tokens']} accepted={spec['accepted_tokens']}"
-                     f" acc_len={spec['mean_accepted_length']:.2f}")
+            extra += (f" drafted={spec['drafted_tokens']} accepted={spec['accepted_tokens']}"
+                      f" acc_len={spec['mean_accepted_length']:.2f}")
         log.info("%s %s %s %d %s prompt=%d completion=%d finish=%s ttft=%s e2e=%.3fs tok/s=%.1f policy=%s%s%s",
                  _client(request), request.method, request.url.path, status, req.id, len(req.prompt_ids), n,
                  stop if status != CLIENT_CLOSED else "client_disconnected", ttft, total,
@@ -362,6 +400,46 @@ def _count(request: Request, name: str, default: int, most: int) -> int:
     if not value.isdigit() or int(value) > most:
         raise invalid(f"'{name}' must be an integer between 0 and {most}", name)
     return int(value)
+
+
+def _combined(outcomes: list[dict]):
+    """The stats of every choice together (one choice: its own)."""
+    stats = [outcome["stats"] for outcome in outcomes]
+    return stats[0] if len(stats) == 1 else GenerationStats.combine(stats)
+
+
+async def _merged(sources: list):
+    """The items of several async iterators, as each comes (one iterator: itself, no task). An iterator's error
+    ends it all; leaving early cancels every iterator still running."""
+    if len(sources) == 1:
+        async for item in sources[0]:
+            yield item
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def pump(source):
+        try:
+            async for item in source:
+                await queue.put((item, None))
+            await queue.put((end, None))
+        except Exception as err:  # noqa: BLE001 - handed to the consumer, which raises it
+            await queue.put((end, err))
+
+    tasks = [asyncio.ensure_future(pump(source)) for source in sources]
+    try:
+        left = len(tasks)
+        while left:
+            item, err = await queue.get()
+            if err is not None:
+                raise err
+            if item is end:
+                left -= 1
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def _client(request: Request) -> str:

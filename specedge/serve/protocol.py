@@ -29,13 +29,14 @@ MAX_STOP = 4                  # OpenAI's limit
 MAX_STOP_CHARS = 256
 MAX_MESSAGES = 1024
 COMPLETION_DEFAULT_MAX_TOKENS = 16      # OpenAI's default for /v1/completions (chat: whatever fits)
+MAX_CHOICES = 128                       # 'n': each choice is a sequence of its own (a slot, or a place in the queue)
 
 FINISH = {"eos": "stop", "stop_string": "stop", "max_new_tokens": "length", "max_seq_len": "length",
           "timeout": "length", "cancelled": "stop"}
 
 _ANY = object()
 # parameter -> the values accepted although not acted on (defaults): anything else is a 400
-_DEFAULT_ONLY_COMMON = {"n": (None, 1), "service_tier": (None, "auto", "default")}
+_DEFAULT_ONLY_COMMON = {"service_tier": (None, "auto", "default")}
 _DEFAULT_ONLY = {
     "completion": {**_DEFAULT_ONLY_COMMON, "best_of": (None, 1), "echo": (None, False)},
     "chat": {**_DEFAULT_ONLY_COMMON, "functions": (None, []), "function_call": (None, "none", "auto"),
@@ -49,16 +50,16 @@ _DEFAULT_ONLY = {
 ECHOED_THINKING = ("reasoning_content", "reasoning")
 _METADATA = {"user", "metadata", "parallel_tool_calls", "safety_identifier", "prompt_cache_key"}
 _HONOURED = {
-    "completion": {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
+    "completion": {"model", "prompt", "n", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
                    "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "suffix",
                    "stop_token_ids", "response_format", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "logit_bias"},
-    "chat": {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
+    "chat": {"model", "messages", "n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
              "stream", "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "top_logprobs",
              "stop_token_ids", "chat_template_kwargs", "tools", "tool_choice", "response_format", "presence_penalty",
              "frequency_penalty", "repetition_penalty", "logit_bias"},
 }
-_WHY = {"n": " (one choice per request)", "best_of": " (one choice per request)",
+_WHY = {"best_of": " (use 'n' and choose among the choices)",
         "functions": " (the legacy form: use 'tools')", "function_call": " (the legacy form: use 'tool_choice')",
         "echo": "", "store": " (nothing is stored)"}
 
@@ -84,6 +85,7 @@ class ParsedRequest:
     include_usage: bool = False
     timeout: float | None = None
     speculation: str = ""                    # policy@drafter, for the log and the response
+    n: int = 1                               # choices: sequences generated from the same prompt
     tools: frozenset = frozenset()           # the tools' names where the reply may call them (tool_choice auto)
     one_tool_call: bool = False              # parallel_tool_calls false: the first call only
     thinking: bool | None = None             # None: no reasoning split; else whether the prompt opened <think>
@@ -390,6 +392,7 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
     label = options["policy"] if options["policy"] == "target" else f"{options['policy']}@{options['drafter']}"
     timeout = timeout if timeout is not None else limits.request_timeout
     return ParsedRequest(kind, model, prompt_ids, options, stream, include_usage, timeout, label,
+                         n=_integer(body, "n", 1, MAX_CHOICES) or 1,
                          tools=tool_names(tools), one_tool_call=body.get("parallel_tool_calls") is False,
                          thinking=_thinking(kind, prompt_ids, gen, limits, options["response_format"] is not None))
 
@@ -427,33 +430,52 @@ def _prefix(req: ParsedRequest) -> str:
     return ("chatcmpl-" if req.kind == "chat" else "cmpl-") + req.id
 
 
-def response(req: ParsedRequest, text: str, completion_tokens: int, cached_tokens: int, stop_reason: str,
-             spec: dict, logprobs: dict | None = None) -> dict:
-    """logprobs: the choice's block, already in the request kind's shape (serve/logprobs.py), or None."""
-    if req.kind == "chat":
-        reasoning, text = split_reasoning(text, req.thinking) if req.thinking is not None else (None, text)
-        content, calls = split_tool_calls(text, req.tools) if req.tools else (text, [])
-        message = {"role": "assistant", "content": content, "refusal": None}
-        if req.thinking is not None:
-            message["reasoning_content"] = reasoning
-            if reasoning is not None and not content and not calls:
-                message["content"] = None              # cut off while thinking: no answer (as vLLM)
-        if calls:
-            message["tool_calls"] = message_tool_calls(req.id, calls, req.one_tool_call)
-        choice = {"index": 0, "message": message, "logprobs": logprobs,
-                  "finish_reason": "tool_calls" if calls else finish_reason(stop_reason)}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": finish_reason(stop_reason), "logprobs": logprobs}
-        obj = "text_completion"
-    return {"id": _prefix(req), "object": obj, "created": req.created, "model": req.model, "choices": [choice],
+def choice_options(req: ParsedRequest, index: int) -> dict:
+    """The generator options of choice `index`: a seeded request's choices take seed, seed + 1, ... (reproducible,
+    and not all the same when sampling)."""
+    seed = req.options.get("seed")
+    return req.options if seed is None or index == 0 else {**req.options, "seed": (seed + index) % 2**63}
+
+
+@dataclass
+class Choice:
+    """One choice's end, as the response reports it."""
+    text: str
+    stop_reason: str
+    logprobs: dict | None = None             # already in the request kind's shape (serve/logprobs.py)
+
+
+def _choice(req: ParsedRequest, index: int, choice: Choice) -> dict:
+    if req.kind == "completion":
+        return {"index": index, "text": choice.text, "finish_reason": finish_reason(choice.stop_reason),
+                "logprobs": choice.logprobs}
+    reasoning, text = split_reasoning(choice.text, req.thinking) if req.thinking is not None else (None, choice.text)
+    content, calls = split_tool_calls(text, req.tools) if req.tools else (text, [])
+    message = {"role": "assistant", "content": content, "refusal": None}
+    if req.thinking is not None:
+        message["reasoning_content"] = reasoning
+        if reasoning is not None and not content and not calls:
+            message["content"] = None              # cut off while thinking: no answer (as vLLM)
+    if calls:
+        message["tool_calls"] = message_tool_calls(req.id, calls, req.one_tool_call)
+    return {"index": index, "message": message, "logprobs": choice.logprobs,
+            "finish_reason": "tool_calls" if calls else finish_reason(choice.stop_reason)}
+
+
+def response(req: ParsedRequest, choices: list[Choice], completion_tokens: int, cached_tokens: int,
+             spec: dict) -> dict:
+    """completion_tokens: of every choice together."""
+    obj = "chat.completion" if req.kind == "chat" else "text_completion"
+    return {"id": _prefix(req), "object": obj, "created": req.created, "model": req.model,
+            "choices": [_choice(req, i, choice) for i, choice in enumerate(choices)],
             "usage": usage(len(req.prompt_ids), completion_tokens, cached_tokens), "speculation": spec}
 
 
 def chunk(req: ParsedRequest, text: str | None, finish: str | None = None, first: bool = False,
-          logprobs: dict | None = None, calls: list[ToolCall] | None = None, reasoning: str | None = None) -> dict:
-    """A streamed chunk carrying text and its tokens' logprobs block, or thinking (reasoning_content), or tool calls
-    (whole, each with its index), or, with finish, the finish reason."""
+          logprobs: dict | None = None, calls: list[ToolCall] | None = None, reasoning: str | None = None,
+          index: int = 0) -> dict:
+    """A streamed chunk of choice `index` carrying text and its tokens' logprobs block, or thinking
+    (reasoning_content), or tool calls (whole, each with its index), or, with finish, the finish reason."""
     if req.kind == "chat":
         delta = {} if finish else {"content": text}
         if reasoning:
@@ -463,10 +485,10 @@ def chunk(req: ParsedRequest, text: str | None, finish: str | None = None, first
             delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(shaped)]}
         if first:                                          # content null while a tool call may yet come, as OpenAI
             delta = {"role": "assistant", "content": None if req.tools else text or ""}
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+        choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
+        choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
         obj = "text_completion"
     out = {"id": _prefix(req), "object": obj, "created": req.created, "model": req.model, "choices": [choice]}
     if req.include_usage:

@@ -132,6 +132,32 @@ def test_a_stop_string_ends_the_tokens_where_it_ends_whatever_a_step_committed(b
 
 
 # -- the server ----------------------------------------------------------------------------------------------------
+def test_prompt_logprobs_score_every_prompt_token_after_the_first(bundle):
+    """prompt_logprobs (scoring, as lm-evaluation-harness asks for with echo): row i of the prefill predicts prompt
+    token i + 1, across prefill chunks (64 tokens); the prompt cache is not used for it (its logits are needed)."""
+    gen = load(bundle, max_batch=2)
+    prompt_ids = gen.encode("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 3)
+    assert len(prompt_ids) > 64
+    cursor = SlotCursor(gen.target, slot=1)
+    rows = np.concatenate([cursor.feed(prompt_ids[at: at + 10]).copy() for at in range(0, len(prompt_ids), 10)])
+    x = rows.astype(np.float64)
+    expected = x - (x.max(axis=1, keepdims=True) + np.log(np.exp(x - x.max(axis=1, keepdims=True)).sum(axis=1,
+                                                                                                       keepdims=True)))
+    for attempt in range(2):                              # the second: the same prompt the cache would hold
+        result = gen.generate_ids(prompt_ids, max_new_tokens=2, prompt_logprobs=2, k=3)
+        assert [e.token for e in result.prompt_logprobs] == prompt_ids[1:]
+        for entry, row in zip(result.prompt_logprobs, expected[:-1]):
+            assert math.isclose(entry.logprob, row[entry.token], abs_tol=1e-4)
+            assert [t for t, _ in entry.top] == sorted(range(row.size), key=lambda i: (-row[i], i))[:2]
+        assert result.stats.cached_prompt_tokens == 0
+    plain = gen.generate_ids(prompt_ids, max_new_tokens=2, k=3)
+    assert plain.prompt_logprobs is None and plain.tokens == result.tokens
+    assert "prompt_logprobs" in result.to_json() and "prompt_logprobs" not in plain.to_json()
+    with pytest.raises(OptionError, match="prompt_logprobs"):
+        gen.generate_ids(prompt_ids, prompt_logprobs=21)
+    gen.close()
+
+
 @pytest.fixture(scope="module")
 def server(bundle):
     with running(bundle, max_batch=2) as (srv, gen):
@@ -164,6 +190,30 @@ def test_completion_logprobs_in_the_legacy_shape(server):
                 for lp in ch.choices[0].logprobs.token_logprobs]
     offsets = [o for ch in chunks if ch.choices and ch.choices[0].logprobs for o in ch.choices[0].logprobs.text_offset]
     assert streamed == block.token_logprobs and offsets == block.text_offset
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_lm_evaluation_harness_asks(server):
+    """lm-evaluation-harness's loglikelihood request: echo, logprobs 1, max_tokens 1, temperature 0; it reads
+    token_logprobs[context:-1]. The prompt's first token has none (null), each other token the target's own."""
+    srv, gen = server
+    c = _client(srv)
+    prompt = "def add(a, b):\n    return a + b\n"
+    out = c.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=1, max_tokens=1, temperature=0)
+    choice, prompt_ids = out.choices[0], gen.encode(prompt)
+    block = choice.logprobs
+    expected = gen.generate_ids(prompt_ids, max_new_tokens=1, prompt_logprobs=1, logprobs=1)
+    texts = TokenText(gen.tokenizer)
+    assert choice.text == gen.tokenizer.decode(prompt_ids, skip_special_tokens=True) + expected.text
+    assert block.tokens == [texts(t)[0] for t in prompt_ids + expected.tokens]
+    assert block.token_logprobs == [None] + [e.logprob for e in expected.prompt_logprobs + expected.logprobs]
+    assert block.top_logprobs[0] is None and all(len(top) in (1, 2) for top in block.top_logprobs[1:])
+    for token, at in zip(block.tokens, block.text_offset):
+        assert choice.text[at: at + len(token)] == token
+    assert out.usage.prompt_tokens == len(prompt_ids) and out.usage.completion_tokens == 1
+    plain = c.completions.create(model=MODEL, prompt=prompt, echo=True, max_tokens=3, temperature=0)
+    assert plain.choices[0].text.startswith(prompt) and plain.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="'echo' = True is not supported by this server with 'stream'"):
+        c.completions.create(model=MODEL, prompt=prompt, echo=True, max_tokens=1, stream=True)
 
 
 def test_chat_logprobs_in_openai_s_shape(server):

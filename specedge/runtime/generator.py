@@ -284,6 +284,7 @@ class Generator:
                        on_token=on_token,
                        tokens=list(prompt_ids), started=time.perf_counter(),
                        logprobs=None if opts.logprobs is None else [], constraint=self._constraint(opts),
+                       prompt_logprobs=None if opts.prompt_logprobs is None else [],
                        penalties=penalties_of(opts),
                        **({} if outbox is None else {"outbox": outbox}))
         seq.stats.prompt_tokens = len(prompt_ids)

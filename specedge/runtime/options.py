@@ -221,6 +221,8 @@ def generation_options(options: dict, max_draft: int) -> GenerationOptions:
         k=k, use_draft=flag("use_draft", o.use_draft), chat=flag("chat", o.chat),
         ignore_eos=flag("ignore_eos", o.ignore_eos), stop=stop_strings(o.stop), stop_ids=stop_ids(o.stop_ids),
         logprobs=None if o.logprobs is None else integer("logprobs", o.logprobs, 0, MAX_TOP_LOGPROBS),
+        prompt_logprobs=None if o.prompt_logprobs is None else integer("prompt_logprobs", o.prompt_logprobs, 0,
+                                                                       MAX_TOP_LOGPROBS),
         presence_penalty=_ranged("presence_penalty", o.presence_penalty, -2.0, 2.0),
         frequency_penalty=_ranged("frequency_penalty", o.frequency_penalty, -2.0, 2.0),
         repetition_penalty=_ranged("repetition_penalty", o.repetition_penalty, 0.0, 10.0, low_open=True),

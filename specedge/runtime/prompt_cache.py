@@ -47,7 +47,8 @@ class PromptCache:
         others = [(HeldText.of(r, finished=False, stamp=0), r.slot) for r in running if r.slot not in texts]
         chosen = {}                                       # id(s) -> (length, text, slot): its longest reuse
         for s in joining:
-            limit = len(s.prompt_ids) - 1                 # the last prompt token is fed: its logits give a token
+            # the last prompt token is fed: its logits give a token; scoring a prompt needs the logits of all of it
+            limit = 0 if s.prompt_logprobs is not None else len(s.prompt_ids) - 1
             sources = [(texts[s.slot], s.slot)] + [(self.held[j], j) for j in free] + others
             chosen[id(s)] = max(((t.common_prefix(s.prompt_ids, limit), t, j) for t, j in sources if t),
                                 key=lambda c: c[0], default=(0, None, None))   # max: the first of equals

@@ -189,7 +189,12 @@ class Scheduler:
         chunk = s.prompt_ids[s.prefilled: s.prefilled + PREFILL_CHUNK]
         final = s.prefilled + len(chunk) == len(s.prompt_ids)
         t = time.perf_counter()
-        out = self.m.target.run([s.prefilled], [chunk], [1], lo=s.slot, want="logits" if s.wants_logits else "ids")[0]
+        scoring = s.prompt_logprobs is not None              # every row: each predicts the prompt token after it
+        out = self.m.target.run([s.prefilled], [chunk], [len(chunk) if scoring else 1], lo=s.slot,
+                                want="logits" if s.wants_logits or scoring else "ids")[0]
+        if scoring:
+            following = s.prompt_ids[s.prefilled + 1: s.prefilled + len(chunk) + 1]
+            s.prompt_logprobs += token_logprobs(out[: len(following)], following, s.opts.prompt_logprobs)
         # the draft gets the prompt only if the policy would speculate in the batch this sequence joins and the
         # tokens it wants repay feeding the rest of the prompt: else it catches up once that pays
         # (batch_step.catch_up), and a useless draft, a batch too large for speculation to pay, or a long prompt
@@ -325,4 +330,5 @@ class Scheduler:
         s.stats.new_tokens = s.n_new
         s.stats.total_s = time.perf_counter() - s.started
         s.outbox.put(("done", GenerationResult(s.stops.text, s.generated, len(s.prompt_ids), s.stats,
-                                               None if s.logprobs is None else list(s.logprobs))))
+                                               None if s.logprobs is None else list(s.logprobs),
+                                               None if s.prompt_logprobs is None else list(s.prompt_logprobs))))

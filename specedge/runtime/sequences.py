@@ -38,6 +38,7 @@ class GenerationOptions:
     chat: bool = False
     ignore_eos: bool = False        # run to max_new_tokens (benchmarks, tests)
     logprobs: int | None = None     # None: off; n >= 0: each generated token's logprob, the n likeliest at its place
+    prompt_logprobs: int | None = None   # likewise for each prompt token after the first (scoring; no prompt cache)
     response_format: dict | None = None   # OpenAI's: {"type": "json_object"} or a json_schema (runtime/grammar.py)
     presence_penalty: float = 0.0   # OpenAI's, over generated tokens (runtime/penalties.py)
     frequency_penalty: float = 0.0
@@ -52,12 +53,15 @@ class GenerationResult:
     prompt_tokens: int
     stats: GenerationStats = field(default_factory=GenerationStats)
     logprobs: list[TokenLogprob] | None = None     # one per generated token, when asked for (options.logprobs)
+    prompt_logprobs: list[TokenLogprob] | None = None   # one per prompt token after the first (prompt_logprobs)
 
     def to_json(self, decode=None) -> dict:
         out = {"text": self.text, "tokens": self.tokens, "prompt_tokens": self.prompt_tokens,
                "stats": self.stats.to_json(decode)}
         if self.logprobs is not None:
             out["logprobs"] = [entry.to_json() for entry in self.logprobs]
+        if self.prompt_logprobs is not None:
+            out["prompt_logprobs"] = [entry.to_json() for entry in self.prompt_logprobs]
         return out
 
 
@@ -111,6 +115,7 @@ class Sequence:
     k: int = 0                      # this step's draft length
     stats: GenerationStats = field(default_factory=GenerationStats)
     logprobs: list[TokenLogprob] | None = None         # per generated token, when opts.logprobs is set
+    prompt_logprobs: list[TokenLogprob] | None = None  # per prompt token after the first, opts.prompt_logprobs
     constraint: object = None       # a grammar.Constraint when opts.response_format asks for structure
     penalties: object = None        # a penalties.Penalties when the options set any
     # ("text", piece, ids, logprobs of ids or None) ... then ("done", result) | ("error", exc)

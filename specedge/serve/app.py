@@ -32,7 +32,8 @@ from specedge.runtime.tool_calls import ToolCallStream
 from specedge.serve import protocol
 from specedge.serve.bridge import Bridge, RequestTimeout
 from specedge.serve.errors import APIError, invalid
-from specedge.serve.logprobs import TextOffsets, TokenText, chat_logprobs, completion_logprobs
+from specedge.serve.logprobs import (TextOffsets, TokenText, chat_logprobs, completion_logprobs, echoed_logprobs,
+                                     joined)
 from specedge.serve.metrics import Metrics
 from specedge.serve.protocol import Limits
 from specedge.serve.rejections import RejectionLog
@@ -217,9 +218,7 @@ class Service:
         for handle, outcome in zip(handles, outcomes):
             self._done(req, handle, outcome["stop"], outcome["stats"], started)
         self._log(request, req, handles, 200, stop, spec, started)
-        choices = [protocol.Choice(handle.text, outcome["stop"],
-                                   self._logprobs(req, handle.logprobs, TextOffsets(self.token_text)))
-                   for handle, outcome in zip(handles, outcomes)]
+        choices = [self._choice(req, handle, outcome["stop"]) for handle, outcome in zip(handles, outcomes)]
         return JSONResponse(protocol.response(req, choices, sum(len(h.tokens) for h in handles),
                                               outcomes[0]["stats"].cached_prompt_tokens, spec))
 
@@ -227,6 +226,18 @@ class Service:
         for handle in handles:
             handle.cancel()
             self.active.discard(handle)
+
+    def _choice(self, req, handle, stop: str) -> protocol.Choice:
+        """A finished choice; echoed (completions' echo), its text starts with the prompt and its logprobs with the
+        prompt's tokens."""
+        offsets = TextOffsets(self.token_text)
+        if not req.echo:
+            return protocol.Choice(handle.text, stop, self._logprobs(req, handle.logprobs, offsets))
+        text = self.gen.tokenizer.decode(req.prompt_ids, skip_special_tokens=True) + handle.text
+        if req.options.get("logprobs") is None:
+            return protocol.Choice(text, stop)
+        prompt = echoed_logprobs(req.prompt_ids, handle.result.prompt_logprobs if handle.result else None, offsets)
+        return protocol.Choice(text, stop, joined(prompt, self._logprobs(req, handle.logprobs, offsets)))
 
     def _logprobs(self, req, entries: list, offsets: TextOffsets) -> dict | None:
         """The logprobs block of these tokens in the request kind's shape; None where none were asked for.

@@ -119,3 +119,22 @@ def completion_logprobs(entries, offsets: TextOffsets) -> dict:
         top.append(alternatives)
     return {"tokens": [texts(e.token)[0] for e in entries], "token_logprobs": [e.logprob for e in entries],
             "top_logprobs": top, "text_offset": [offsets.next(e.token) for e in entries]}
+
+
+def echoed_logprobs(prompt_ids: list[int], entries, offsets: TextOffsets) -> dict:
+    """-> the legacy block of an echoed prompt: its first token has no logprob (null, as OpenAI's), each other
+    token its own (entries: the generator's prompt_logprobs, one per prompt token after the first)."""
+    if entries is None:                    # not known (a request cut off before it ended): the tokens alone
+        n = len(prompt_ids)
+        return {"tokens": [offsets.texts(t)[0] for t in prompt_ids], "token_logprobs": [None] * n,
+                "top_logprobs": [None] * n, "text_offset": [offsets.next(t) for t in prompt_ids]}
+    first = prompt_ids[0]
+    at = offsets.next(first)
+    rest = completion_logprobs(entries, offsets)
+    return {"tokens": [offsets.texts(first)[0]] + rest["tokens"], "token_logprobs": [None] + rest["token_logprobs"],
+            "top_logprobs": [None] + rest["top_logprobs"], "text_offset": [at] + rest["text_offset"]}
+
+
+def joined(first: dict, second: dict) -> dict:
+    """Two legacy blocks, one after the other (an echoed prompt's, then the completion's)."""
+    return {key: first[key] + second[key] for key in first}

@@ -38,7 +38,7 @@ _ANY = object()
 # parameter -> the values accepted although not acted on (defaults): anything else is a 400
 _DEFAULT_ONLY_COMMON = {"service_tier": (None, "auto", "default")}
 _DEFAULT_ONLY = {
-    "completion": {**_DEFAULT_ONLY_COMMON, "best_of": (None, 1), "echo": (None, False)},
+    "completion": {**_DEFAULT_ONLY_COMMON, "best_of": (None, 1)},
     "chat": {**_DEFAULT_ONLY_COMMON, "functions": (None, []), "function_call": (None, "none", "auto"),
              "store": (None, False), "modalities": (None, ["text"]),
              "audio": (None,), "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,),
@@ -51,7 +51,7 @@ ECHOED_THINKING = ("reasoning_content", "reasoning")
 _METADATA = {"user", "metadata", "parallel_tool_calls", "safety_identifier", "prompt_cache_key"}
 _HONOURED = {
     "completion": {"model", "prompt", "n", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
-                   "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "suffix",
+                   "stream_options", "top_k", "ignore_eos", "speculation", "timeout", "logprobs", "suffix", "echo",
                    "stop_token_ids", "response_format", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "logit_bias"},
     "chat": {"model", "messages", "n", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
@@ -61,7 +61,7 @@ _HONOURED = {
 }
 _WHY = {"best_of": " (use 'n' and choose among the choices)",
         "functions": " (the legacy form: use 'tools')", "function_call": " (the legacy form: use 'tool_choice')",
-        "echo": "", "store": " (nothing is stored)"}
+        "store": " (nothing is stored)"}
 
 
 @dataclass
@@ -86,6 +86,7 @@ class ParsedRequest:
     timeout: float | None = None
     speculation: str = ""                    # policy@drafter, for the log and the response
     n: int = 1                               # choices: sequences generated from the same prompt
+    echo: bool = False                       # completions: the prompt before the text (and its tokens' logprobs)
     tools: frozenset = frozenset()           # the tools' names where the reply may call them (tool_choice auto)
     one_tool_call: bool = False              # parallel_tool_calls false: the first call only
     thinking: bool | None = None             # None: no reasoning split; else whether the prompt opened <think>
@@ -389,12 +390,28 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
     options["max_new_tokens"] = max_tokens
     if kind == "completion" and body.get("suffix") not in (None, ""):
         options["stop_ids"] = gen.fim_stop_ids(options["stop_ids"])
+    echo = kind == "completion" and _echo(body, options)
     label = options["policy"] if options["policy"] == "target" else f"{options['policy']}@{options['drafter']}"
     timeout = timeout if timeout is not None else limits.request_timeout
     return ParsedRequest(kind, model, prompt_ids, options, stream, include_usage, timeout, label,
-                         n=_integer(body, "n", 1, MAX_CHOICES) or 1,
+                         n=_integer(body, "n", 1, MAX_CHOICES) or 1, echo=echo,
                          tools=tool_names(tools), one_tool_call=body.get("parallel_tool_calls") is False,
                          thinking=_thinking(kind, prompt_ids, gen, limits, options["response_format"] is not None))
+
+
+def _echo(body: dict, options: dict) -> bool:
+    """Completions' `echo`: the response text starts with the prompt and, with `logprobs`, the block scores every
+    prompt token after the first (lm-evaluation-harness's loglikelihood requests); the generator then computes
+    prompt_logprobs (without the prompt cache)."""
+    if not _bool(body, "echo"):
+        return False
+    if _bool(body, "stream"):
+        raise unsupported("echo", True, " with 'stream' (ask without streaming)")
+    if body.get("suffix") not in (None, ""):
+        raise invalid("'echo' cannot be combined with 'suffix'", "echo")
+    if options["logprobs"] is not None:
+        options["prompt_logprobs"] = options["logprobs"]
+    return True
 
 
 def _thinking(kind: str, prompt_ids: list[int], gen, limits: Limits, grammar: bool) -> bool | None:

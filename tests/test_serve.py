@@ -218,31 +218,68 @@ def test_n_streamed_choices_each_end_once_and_the_stats_come_last(server, kind):
     texts = ["".join(text_of(ch.choices[0]) for ch in chunks if ch.choices and ch.choices[0].index == i)
              for i in range(3)]
     assert texts == whole
+    if kind == "chat":                                    # each choice opens with its own role chunk
+        firsts = [next(ch for ch in chunks if ch.choices and ch.choices[0].index == i) for i in range(3)]
+        assert all(ch.choices[0].delta.role == "assistant" for ch in firsts)
+    plain_spec = (make().model_extra if kind == "completion" else make().model_extra)["speculation"]
+    for counted in ("drafted_tokens", "accepted_tokens", "target_calls"):
+        assert chunks[-1].model_extra["speculation"][counted] == plain_spec[counted]
     finals = sorted(ch.choices[0].index for ch in chunks if ch.choices and ch.choices[0].finish_reason)
     assert finals == [0, 1, 2]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 30
+    assert chunks[-1].usage.prompt_tokens == make().usage.prompt_tokens                # the prompt once
     assert "speculation" in chunks[-1].model_extra
     plain = list(make(stream=True))                       # without include_usage the last finish carries the stats
     assert plain[-1].choices[0].finish_reason == "length" and "speculation" in plain[-1].model_extra
     assert sum("speculation" in ch.model_extra for ch in plain) == 1
 
 
-def test_n_choices_that_do_not_all_fit_are_one_429_and_a_client_that_leaves_ends_them_all(bundle):
+def test_n_choices_that_cannot_fit_are_a_400_that_do_not_fit_now_a_429_and_none_runs(bundle):
     with running(bundle, max_batch=1, max_queue=1, slow=0.02) as (srv, gen):
-        full = post(srv, "/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 50, "n": 3})
-        assert_openai_error(full, 429)
-        state = wait_idle(srv)
-        assert state["running"] == 0 and state["waiting"] == 0
+        never = post(srv, "/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 50, "n": 3})
+        assert "2 sequences at once" in assert_openai_error(never, 400, "n")["message"]
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True,
+                "ignore_eos": True, "speculation": "off"}
+        with httpx.stream("POST", srv.url + "/completions", json=body, timeout=30) as busy:
+            lines = busy.iter_lines()                       # kept: a dropped line iterator closes the response
+            assert next(lines).startswith("data: ")
+            chunks = gen.counters["prefill_chunks"]
+            full = post(srv, "/completions", {"model": MODEL, "prompt": "x", "max_tokens": 5, "n": 2})
+            assert assert_openai_error(full, 429)["code"] == "queue_full" and full.headers["retry-after"] == "1"
+            assert gen.counters["prefill_chunks"] == chunks                    # no choice of it was prefilled
+        assert wait_idle(srv)["running"] == 0
         out = client(srv).completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, n=2, temperature=0)
         assert len(out.choices) == 2 and out.usage.completion_tokens <= 6
-        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 200, "n": 2, "stream": True, "ignore_eos": True,
-                "speculation": "off"}                                      # one token per step
-        before = gen.counters["steps"]
-        with httpx.stream("POST", srv.url + "/completions", json=body, timeout=30) as response:
-            assert next(response.iter_lines()).startswith("data: ")
-        state = wait_idle(srv)                              # the client left: both choices end
-        assert state["running"] == 0 and state["waiting"] == 0
-        assert gen.counters["steps"] - before < 300         # not the 400 steps of both choices run to the end
+
+
+def test_a_client_that_leaves_ends_every_choice(bundle):
+    with running(bundle, max_batch=2, max_queue=1, slow=0.02) as (srv, gen):
+        for stream in (True, False):
+            body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 200, "n": 3, "stream": stream,
+                    "ignore_eos": True, "speculation": "off"}                  # one token per step
+            before = gen.counters.get("steps", 0)
+            if stream:
+                with httpx.stream("POST", srv.url + "/completions", json=body, timeout=30) as response:
+                    assert next(response.iter_lines()).startswith("data: ")
+            else:
+                with pytest.raises(httpx.ReadTimeout):
+                    httpx.post(srv.url + "/completions", json=body, timeout=0.3)
+            state = wait_idle(srv)
+            assert state["running"] == 0 and state["waiting"] == 0
+            assert gen.counters["steps"] - before < 60                   # not the 200 steps a choice left running
+
+
+def test_a_choice_queued_behind_its_siblings_past_the_timeout_ends_empty(bundle):
+    """One slot: choice 1 waits for choice 0; past the request's timeout it ends with no text, the request does not
+    fail (alone, a request that times out before its first token is a 503)."""
+    with running(bundle, max_batch=1, max_queue=2, slow=0.02) as (srv, gen):
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 100, "n": 2, "ignore_eos": True, "timeout": 0.8,
+                "speculation": "off"}
+        out = post(srv, "/completions", body)
+        assert out.status_code == 200, out.text
+        first, second = out.json()["choices"]
+        assert first["text"] and second["text"] == "" and second["finish_reason"] == "length"
+        assert wait_idle(srv)["running"] == 0
 
 
 def test_greedy_output_equals_specedge_generate_while_other_requests_run(server, bundle, capsys):

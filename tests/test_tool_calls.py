@@ -234,3 +234,17 @@ def test_a_forced_call_is_held_to_the_tools_grammar_even_for_a_model_that_never_
             assert finish == "tool_calls" and len(calls) == 1
             assert calls[0].function.name in ({"humidity"} if isinstance(choice, dict) else {"temperature", "humidity"})
             assert json.loads(calls[0].function.arguments)["unit"] in ("c", "f")
+
+
+def test_tool_call_ids_are_unique_across_choices():
+    """n choices in one response: choice 0's ids as with n = 1, the others' carry their index (OpenAI's and vLLM's
+    ids are unique per call)."""
+    from specedge.serve import protocol
+
+    req = protocol.ParsedRequest("chat", "m", [1], {}, tools=frozenset({"get_weather"}), n=2)
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    out = protocol.response(req, [protocol.Choice(text, "eos"), protocol.Choice(text, "eos")], 2, 0, {})
+    ids = [choice["message"]["tool_calls"][0]["id"] for choice in out["choices"]]
+    assert ids == [f"call_{req.id}_0", f"call_{req.id}_1_0"]
+    streamed = protocol.chunk(req, None, calls=[split_tool_calls(text, req.tools)[1][0]], index=1)
+    assert streamed["choices"][0]["delta"]["tool_calls"][0]["id"] == ids[1]

@@ -59,13 +59,16 @@ class Scheduler:
             # the driving thread holds `drive` (or is the worker): a request made here would wait on itself
             raise SpecedgeError("generate/stream cannot be called from an on_token callback (it runs inside a step)")
         with self.wake:
-            # cancelled requests no longer count: in caller-driven mode nobody retires them until a caller drives,
-            # and dropped streams would otherwise fill the queue for good
-            live = sum(1 for s in (*self.running, *self.waiting) if not s.cancelled.is_set())
-            if live >= self.max_batch + self.max_queue:
+            if self.live() >= self.max_batch + self.max_queue:
                 raise QueueFull(f"the queue is full ({self.max_batch} running, {self.max_queue} waiting); retry later")
             self.waiting.append(seq)
             self.wake.notify()
+
+    def live(self) -> int:
+        """Sequences running or waiting. Cancelled ones no longer count: in caller-driven mode nobody retires them
+        until a caller drives, and dropped streams would otherwise fill the queue for good."""
+        with self.wake:
+            return sum(1 for s in (*self.running, *self.waiting) if not s.cancelled.is_set())
 
     def idle(self) -> bool:
         return not self.waiting and not self.running

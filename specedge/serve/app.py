@@ -157,6 +157,15 @@ class Service:
     # -- generation ----------------------------------------------------------------------------------
     def _open(self, req: protocol.ParsedRequest) -> list:
         """Submits the request's n choices -> their handles; if one cannot be submitted, none runs."""
+        sched = self.gen.scheduler
+        if req.n > 1:
+            room = sched.max_batch + sched.max_queue
+            if req.n > room:
+                raise invalid(f"'n' = {req.n} choices cannot all run here: the server takes {room} sequences at "
+                              f"once ({sched.max_batch} running, {sched.max_queue} waiting)", "n")
+            if sched.live() + req.n > room:                 # refused whole, before any choice is prefilled
+                raise APIError(429, f"the server is busy: no room for {req.n} choices now; retry later", None,
+                               "queue_full", {"Retry-After": str(RETRY_AFTER_S)})
         handles = []
         try:
             for index in range(req.n):
@@ -195,10 +204,13 @@ class Service:
         outcomes: list[dict] = [{} for _ in handles]
 
         async def collect(handle, outcome):
-            async for _ in self._follow(handle, outcome):
+            async for _ in self._follow(handle, outcome, alone=req.n == 1):
                 pass
 
-        waiter = asyncio.ensure_future(asyncio.gather(*map(collect, handles, outcomes)))
+        async def collect_all():                     # a task (a bare gather future left cancelled logs an error)
+            await asyncio.gather(*map(collect, handles, outcomes))
+
+        waiter = asyncio.ensure_future(collect_all())
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait({waiter, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -213,6 +225,8 @@ class Service:
         if waiter.exception() is not None:           # a failed or refused end: the other choices end too
             self._cancel(handles)
             raise waiter.exception()
+        if req.n > 1 and all(o["stop"] == "timeout" and not h.tokens for h, o in zip(handles, outcomes)):
+            raise _timed_out(req.timeout)
         stop = outcomes[0]["stop"]
         spec = protocol.speculation(_combined(outcomes), req.speculation, stop)
         for handle, outcome in zip(handles, outcomes):
@@ -248,10 +262,11 @@ class Service:
             return chat_logprobs(entries, self.token_text)
         return completion_logprobs(entries, offsets)
 
-    async def _follow(self, handle, outcome: dict):
+    async def _follow(self, handle, outcome: dict, alone: bool = True):
         """Yields a request's (text piece, its tokens' logprobs or None) as they come (a piece may be empty when
         logprobs were asked for); at its end fills outcome (stop reason, stats), or raises APIError: 500 for a
-        failed generation, 503 for a timeout before the first token or a shutdown."""
+        failed generation, 503 for a shutdown or a timeout before the first token; one of n choices (not `alone`),
+        which may wait behind its siblings, ends empty at a timeout instead (the request: a 503 if all do)."""
         try:
             async for _, piece, ids, logprobs in handle.events():
                 if ids:
@@ -261,9 +276,8 @@ class Service:
             stop, stats = handle.result.stats.stop_reason, handle.result.stats
         except RequestTimeout as err:
             result = await handle.settle()
-            if not handle.tokens:
-                raise APIError(503, f"the request timed out after {err.seconds:g} s before its first token (the "
-                                    "server is busy)", None, "timeout", {"Retry-After": str(RETRY_AFTER_S)}) from None
+            if not handle.tokens and alone:
+                raise _timed_out(err.seconds) from None
             stop, stats = "timeout", result.stats if result else GenerationStats()
         except SpecedgeError as err:
             raise APIError(500, str(err), type="server_error", code="generation_failed") from None
@@ -292,7 +306,7 @@ class Service:
         offsets = TextOffsets(self.token_text)           # completions' text_offset, carried from chunk to chunk
         calling = ToolCallStream(req.tools) if req.tools else None       # holds a tool call back until it is whole
         thinking = ReasoningStream(req.thinking) if req.thinking is not None else None   # <think> apart
-        async for piece, logprobs in self._follow(handle, outcome):
+        async for piece, logprobs in self._follow(handle, outcome, alone=req.n == 1):
             thought, piece = thinking.feed(piece) if thinking else ("", piece)
             if thought:
                 yield protocol.chunk(req, None, reasoning=thought, index=index)
@@ -322,13 +336,14 @@ class Service:
                        for index, (handle, outcome) in enumerate(zip(handles, outcomes))]
             finished, final = 0, None
             try:
-                async for event in _merged(streams):
-                    if event["choices"][0]["finish_reason"] is not None:
-                        finished += 1
-                        if finished == len(handles):        # the last choice's end: the stats come with it
-                            final = event
-                            continue
-                    yield _event(event)
+                async with contextlib.aclosing(_merged(streams)) as events:
+                    async for event in events:
+                        if event["choices"][0]["finish_reason"] is not None:
+                            finished += 1
+                            if finished == len(handles):    # the last choice's end: the stats come with it
+                                final = event
+                                continue
+                        yield _event(event)
             except APIError as err:                       # headers are sent: an error event, then the end
                 self._cancel(handles)
                 status, stop = err.status, err.code or err.type
@@ -411,6 +426,11 @@ def _count(request: Request, name: str, default: int, most: int) -> int:
     if not value.isdigit() or int(value) > most:
         raise invalid(f"'{name}' must be an integer between 0 and {most}", name)
     return int(value)
+
+
+def _timed_out(seconds: float) -> APIError:
+    return APIError(503, f"the request timed out after {seconds:g} s before its first token (the server is busy)",
+                    None, "timeout", {"Retry-After": str(RETRY_AFTER_S)})
 
 
 def _combined(outcomes: list[dict]):

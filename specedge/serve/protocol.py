@@ -462,6 +462,11 @@ class Choice:
     logprobs: dict | None = None             # already in the request kind's shape (serve/logprobs.py)
 
 
+def _call_ids(req: ParsedRequest, index: int) -> str:
+    """What the tool-call ids of choice `index` are made from: unique in the request (choice 0 as with n = 1)."""
+    return req.id if index == 0 else f"{req.id}_{index}"
+
+
 def _choice(req: ParsedRequest, index: int, choice: Choice) -> dict:
     if req.kind == "completion":
         return {"index": index, "text": choice.text, "finish_reason": finish_reason(choice.stop_reason),
@@ -474,7 +479,7 @@ def _choice(req: ParsedRequest, index: int, choice: Choice) -> dict:
         if reasoning is not None and not content and not calls:
             message["content"] = None              # cut off while thinking: no answer (as vLLM)
     if calls:
-        message["tool_calls"] = message_tool_calls(req.id, calls, req.one_tool_call)
+        message["tool_calls"] = message_tool_calls(_call_ids(req, index), calls, req.one_tool_call)
     return {"index": index, "message": message, "logprobs": choice.logprobs,
             "finish_reason": "tool_calls" if calls else finish_reason(choice.stop_reason)}
 
@@ -498,7 +503,7 @@ def chunk(req: ParsedRequest, text: str | None, finish: str | None = None, first
         if reasoning:
             delta = {"reasoning_content": reasoning}
         if calls:
-            shaped = message_tool_calls(req.id, calls, req.one_tool_call)
+            shaped = message_tool_calls(_call_ids(req, index), calls, req.one_tool_call)
             delta = {"tool_calls": [{"index": i, **call} for i, call in enumerate(shaped)]}
         if first:                                          # content null while a tool call may yet come, as OpenAI
             delta = {"role": "assistant", "content": None if req.tools else text or ""}

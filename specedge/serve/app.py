@@ -164,8 +164,7 @@ class Service:
                 raise invalid(f"'n' = {req.n} choices cannot all run here: the server takes {room} sequences at "
                               f"once ({sched.max_batch} running, {sched.max_queue} waiting)", "n")
             if sched.live() + req.n > room:                 # refused whole, before any choice is prefilled
-                raise APIError(429, f"the server is busy: no room for {req.n} choices now; retry later", None,
-                               "queue_full", {"Retry-After": str(RETRY_AFTER_S)})
+                raise _busy(f"no room for {req.n} choices now; retry later")
         handles = []
         try:
             for index in range(req.n):
@@ -180,8 +179,7 @@ class Service:
         try:
             return self.bridge.open(req.prompt_ids, timeout=req.timeout, **protocol.choice_options(req, index))
         except QueueFull as err:
-            raise APIError(429, f"the server is busy: {err}", None, "queue_full",
-                           {"Retry-After": str(RETRY_AFTER_S)}) from None
+            raise _busy(str(err)) from None
         except OptionError as err:
             text = str(err)
             param = ("speculation.drafter" if "drafter" in text else
@@ -426,6 +424,10 @@ def _count(request: Request, name: str, default: int, most: int) -> int:
     if not value.isdigit() or int(value) > most:
         raise invalid(f"'{name}' must be an integer between 0 and {most}", name)
     return int(value)
+
+
+def _busy(why: str) -> APIError:
+    return APIError(429, f"the server is busy: {why}", None, "queue_full", {"Retry-After": str(RETRY_AFTER_S)})
 
 
 def _timed_out(seconds: float) -> APIError:

@@ -369,6 +369,25 @@ def test_ctrl_c_during_compaction_records_nothing_false_and_the_next_step_finish
     gen.close()
 
 
+@pytest.mark.parametrize("options", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_requests_sharing_a_prompt_at_once_prefill_it_once(standard_bundles, options):
+    """n choices of one request, or clients with one system prompt, arriving together: the first prefills the shared
+    prompt, the others wait for that and copy it from its slot, with the tokens of runs that prefilled everything."""
+    gen = load(standard_bundles["qwen2"], max_batch=3)
+    texts = ["You answer. " * 8 + tail for tail in ("def f(x):", "def f(x):", "class B:")]
+    shared, prompts = gen.encode(texts[0][:96]), [gen.encode(text) for text in texts]
+    assert len(shared) > 64                                         # more than the first prefill chunk
+    results = together(gen, [(text, options) for text in texts])
+    cached = [r.stats.cached_prompt_tokens for r in results]
+    assert cached[0] == 0 and all(c >= len(shared) for c in cached[1:]), cached
+    chunks = gen.counters["prefill_chunks"]
+    assert chunks == -(-len(prompts[0]) // 64) + 2, chunks          # the shared part once, then each one's rest
+    for prompt, result in zip(prompts, results):
+        gen.clear_prompt_cache()
+        assert gen.generate_ids(prompt, **options).tokens == result.tokens
+    gen.close()
+
+
 def test_many_requests_at_once_keep_the_invariant_and_their_solo_outputs(standard_bundles):
     """Threads sending prompts that share starts, follow-ups of earlier answers, cancellations: after every
     iteration every held text's K/V equals a fresh prefill's, and every finished greedy request's tokens equal its

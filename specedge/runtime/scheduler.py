@@ -145,11 +145,16 @@ class Scheduler:
             for seq in [s for s in self.waiting if s.cancelled.is_set()]:     # cancelled before they ran
                 self.waiting.remove(seq)
                 self._finish(seq, "cancelled")
+            later = []
             while self.waiting and len(self.running) < self.max_batch:
                 seq = self.waiting.popleft()
+                if self._waits_for_a_prefill(seq):
+                    later.append(seq)
+                    continue
                 seq.slot = len(self.running)
                 self.running.append(seq)
                 admitted.append(seq)
+            self.waiting.extendleft(reversed(later))
         try:
             self.cache.start(admitted, free_from=len(self.running), running=self.running)   # may permute their slots
         finally:                                                       # (even if interrupted part-way)
@@ -157,6 +162,16 @@ class Scheduler:
                 with self.wake:
                     self.running.sort(key=lambda s: s.slot)            # running[i].slot == i again
         self.counters["cached_prompt_tokens"] += sum(s.stats.cached_prompt_tokens for s in admitted)
+
+    def _waits_for_a_prefill(self, seq: Sequence) -> bool:
+        """Whether seq starts with the first prompt chunk of a running sequence still being prefilled (n choices of one
+        request, clients sharing a system prompt): it waits for that prefill, then the prompt cache copies it in
+        instead of prefilling it again. Prefills run one chunk an iteration anyway, so waiting costs it nothing."""
+        if not self.cache.enabled or seq.prompt_logprobs is not None or len(seq.prompt_ids) <= PREFILL_CHUNK:
+            return False
+        start = seq.prompt_ids[:PREFILL_CHUNK]
+        return any(r.prefilled < len(r.prompt_ids) and not r.cancelled.is_set()
+                   and r.prompt_ids[:PREFILL_CHUNK] == start for r in self.running)
 
     def clear_prompt_cache(self) -> None:
         """Forgets what free slots hold (the next requests prefill their whole prompts)."""

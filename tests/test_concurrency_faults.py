@@ -193,3 +193,42 @@ def test_a_seeded_sampled_row_whose_draft_fell_far_behind_reproduces_in_a_batch(
         assert mine.wait().tokens == solo, seed
         theirs.wait()
     assert max(e.catch_up_tokens for e in gen.events) > 12     # a catch-up longer than one chunk did happen
+
+
+def test_ctrl_c_in_a_scoring_prefill_scores_each_prompt_token_once(bundle):
+    """Ctrl+C after a prefill chunk's scores were taken (while the draft gets the chunk): the chunk is fed again,
+    and its scores are not counted twice."""
+    gen = load(bundle, max_batch=2, threads=1)
+    prompt = "hello world " * 12                       # three prefill chunks, the first 64 tokens
+    scoring = dict(max_new_tokens=60, ignore_eos=True, k=4, prompt_logprobs=0)   # long enough that the draft is fed
+    expected = gen.generate(prompt, **scoring).prompt_logprobs
+    run = gen.draft.run
+    armed = threading.Event()
+
+    def interrupted_on_return(starts, tokens, *args, **kwargs):
+        out = run(starts, tokens, *args, **kwargs)
+        if armed.is_set() and threading.current_thread() is threading.main_thread() and len(tokens[0]) == 64:
+            armed.clear()
+            raise KeyboardInterrupt                   # as Ctrl+C handled when the draft's prefill call returns
+        return out
+
+    gen.draft.run = interrupted_on_return
+    mine = gen.stream("abc", max_new_tokens=60, ignore_eos=True, k=4)
+    next(mine)                                        # this (main) thread drives
+    result, joined = {}, threading.Event()
+
+    def other():
+        stream = gen.stream(prompt, **scoring)
+        joined.set()
+        time.sleep(0.3)                               # the main thread drives both rows meanwhile
+        result["scores"] = stream.wait().prompt_logprobs
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    joined.wait()
+    armed.set()
+    with pytest.raises(KeyboardInterrupt):
+        mine.wait()
+    thread.join(60)
+    assert not armed.is_set()                         # the interruption did come in a scoring prefill
+    assert result["scores"] == expected

@@ -388,6 +388,22 @@ def test_requests_sharing_a_prompt_at_once_prefill_it_once(standard_bundles, opt
     gen.close()
 
 
+def test_a_request_waiting_for_a_shared_prefill_keeps_its_place(standard_bundles):
+    """First come, first served: while W waits for R's prefill, X (behind it, unrelated) waits too; W then takes
+    R's prefix (before, X took the free slot, and R's text was lost when it left a full batch)."""
+    gen = load(standard_bundles["qwen2"], max_batch=2)
+    shared = "You answer. " * 8
+    texts = [shared + "def f(x):" + " pass" * 10, shared + "class B:", "import os\n"]
+    order = []
+    with gen.scheduler.wake:
+        streams = [gen.stream(text, max_new_tokens=6, ignore_eos=True, k=3,
+                              on_token=lambda ids, piece, i=i: order.append(i)) for i, text in enumerate(texts)]
+    results = [s.wait() for s in streams]
+    assert results[1].stats.cached_prompt_tokens >= len(gen.encode(shared))
+    assert order.index(1) < order.index(2)           # W's first token before X's
+    gen.close()
+
+
 def test_many_requests_at_once_keep_the_invariant_and_their_solo_outputs(standard_bundles):
     """Threads sending prompts that share starts, follow-ups of earlier answers, cancellations: after every
     iteration every held text's K/V equals a fresh prefill's, and every finished greedy request's tokens equal its

@@ -117,18 +117,21 @@ class Scheduler:
         """A failing call ends the sequences it carried with the error; the others and the worker go on. An
         interruption (Ctrl+C on the driving thread) rewinds the rows it left half-stepped, then propagates."""
         before = [(s, s.prefilled, s.tgt_pos, s.dft_pos, len(s.tokens), s.rng.bit_generator.state,
-                   s.constraint.depth if s.constraint is not None else 0) for s in seqs]
+                   s.constraint.depth if s.constraint is not None else 0,
+                   len(s.prompt_logprobs) if s.prompt_logprobs is not None else 0) for s in seqs]
         try:
             fn(*args)
         except Exception as err:  # noqa: BLE001 - whatever a backend raises is reported to its callers
             self._fail(seqs, err)
         except BaseException:
-            for s, prefilled, tgt_pos, dft_pos, n_tokens, rng_state, depth in before:
+            for s, prefilled, tgt_pos, dft_pos, n_tokens, rng_state, depth, scored in before:
                 if len(s.tokens) == n_tokens:        # not committed yet: K/V past these positions is scratch
                     s.prefilled, s.tgt_pos, s.dft_pos = prefilled, tgt_pos, dft_pos
                     s.rng.bit_generator.state = rng_state
                     if s.constraint is not None:     # drafts or tokens it consumed for a commit that did not come
                         s.constraint.rewind(depth)
+                    if s.prompt_logprobs is not None:    # a prefill chunk's scores: it is fed again
+                        del s.prompt_logprobs[scored:]
             raise
 
     @staticmethod
@@ -145,16 +148,13 @@ class Scheduler:
             for seq in [s for s in self.waiting if s.cancelled.is_set()]:     # cancelled before they ran
                 self.waiting.remove(seq)
                 self._finish(seq, "cancelled")
-            later = []
             while self.waiting and len(self.running) < self.max_batch:
+                if self._waits_for_a_prefill(self.waiting[0]):      # first come, first served: the rest wait too
+                    break
                 seq = self.waiting.popleft()
-                if self._waits_for_a_prefill(seq):
-                    later.append(seq)
-                    continue
                 seq.slot = len(self.running)
                 self.running.append(seq)
                 admitted.append(seq)
-            self.waiting.extendleft(reversed(later))
         try:
             self.cache.start(admitted, free_from=len(self.running), running=self.running)   # may permute their slots
         finally:                                                       # (even if interrupted part-way)
@@ -166,11 +166,12 @@ class Scheduler:
     def _waits_for_a_prefill(self, seq: Sequence) -> bool:
         """Whether seq starts with the first prompt chunk of a running sequence still being prefilled (n choices of one
         request, clients sharing a system prompt): it waits for that prefill, then the prompt cache copies it in
-        instead of prefilling it again. Prefills run one chunk an iteration anyway, so waiting costs it nothing."""
+        instead of prefilling it again. Prefills run one chunk an iteration, oldest first, so the wait costs it (and
+        the requests behind it) nothing."""
         if not self.cache.enabled or seq.prompt_logprobs is not None or len(seq.prompt_ids) <= PREFILL_CHUNK:
             return False
         start = seq.prompt_ids[:PREFILL_CHUNK]
-        return any(r.prefilled < len(r.prompt_ids) and not r.cancelled.is_set()
+        return any(r.prefilled < len(r.prompt_ids) and not r.done and not r.cancelled.is_set()
                    and r.prompt_ids[:PREFILL_CHUNK] == start for r in self.running)
 
     def clear_prompt_cache(self) -> None:

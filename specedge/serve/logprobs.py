@@ -124,7 +124,7 @@ def completion_logprobs(entries, offsets: TextOffsets) -> dict:
 def echoed_logprobs(prompt_ids: list[int], entries, offsets: TextOffsets) -> dict:
     """-> the legacy block of an echoed prompt: its first token has no logprob (null, as OpenAI's), each other
     token its own (entries: the generator's prompt_logprobs, one per prompt token after the first)."""
-    if entries is None:                    # not known (a request cut off before it ended): the tokens alone
+    if entries is None or len(entries) != len(prompt_ids) - 1:   # not known (cut off in its prefill): tokens alone
         n = len(prompt_ids)
         return {"tokens": [offsets.texts(t)[0] for t in prompt_ids], "token_logprobs": [None] * n,
                 "top_logprobs": [None] * n, "text_offset": [offsets.next(t) for t in prompt_ids]}

@@ -55,3 +55,24 @@ def test_a_run_of_invalid_bytes_is_released_not_held_to_the_end(tmp_path):
     assert sum(1 for p in pieces if p) >= 4           # released every few ids, not only at the end
     assert len(decoder.ids) - decoder.prefix_offset <= 2 * 9      # the window decoded each step stays short
     assert (("".join(pieces) + decoder.flush()).count("\ufffd")) == 40
+
+
+def test_the_first_piece_is_decoded_after_the_prompt(tmp_path):
+    """SentencePiece decoders (Llama 2, Mistral) strip a text's leading space: decoded alone, " world" after the
+    prompt "hello" came out "world". Decoded after the prompt's last ids it keeps the space; a prompt ending inside
+    a character is no context (its bytes would be counted into the reply's first character)."""
+    from tokenizers import decoders, models
+
+    spm = Tokenizer(models.WordLevel({"▁hello": 0, "▁world": 1, "<unk>": 2}, unk_token="<unk>"))
+    spm.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    assert spm.decode([1]) == "world" and spm.decode([0, 1]) == "hello world"
+    after = IncrementalDecoder(spm, context=[0])
+    assert after.push([1, 1]) + after.flush() == " world world"
+    alone = IncrementalDecoder(spm)
+    assert alone.push([1, 1]) + alone.flush() == "world world"
+    tok = _tokenizer(tmp_path)
+    ids = tok.encode("café!").ids
+    split = IncrementalDecoder(tok, context=ids[:-2])             # ends inside "é"
+    assert split.ids == [] and split.push(ids[-2:]) + split.flush() == tok.decode(ids[-2:])
+    whole = IncrementalDecoder(tok, context=tok.encode("naïve ").ids)
+    assert whole.push(ids) + whole.flush() == "café!"

@@ -279,7 +279,7 @@ class Generator:
             policy = self._shared_policies.setdefault((spec, drafter), policy)
         seq = Sequence(prompt_ids=prompt_ids, opts=opts, warp=Warp(opts.temperature, opts.top_k, opts.top_p),
                        rng=np.random.default_rng(opts.seed), policy=policy, drafter=drafter,
-                       decoder=IncrementalDecoder(self.tokenizer), stops=StopStrings(list(opts.stop)),
+                       decoder=IncrementalDecoder(self.tokenizer, prompt_ids), stops=StopStrings(list(opts.stop)),
                        eos_ids=frozenset() if opts.ignore_eos else self.eos_ids | set(opts.stop_ids),
                        on_token=on_token,
                        tokens=list(prompt_ids), started=time.perf_counter(),

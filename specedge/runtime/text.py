@@ -7,6 +7,7 @@ REPLACEMENT = "\ufffd"
 # character spans at most 4 byte tokens, so more is a model emitting invalid bytes, whose text would otherwise
 # wait for the end of the request while every step re-decoded an ever longer window
 MAX_HELD_IDS = 8
+CONTEXT_IDS = 5                     # prompt ids a decoder starts from (as vLLM's incremental detokenizer)
 
 
 class IncrementalDecoder:
@@ -16,11 +17,17 @@ class IncrementalDecoder:
     spaces) right; a piece ending in U+FFFD is an incomplete UTF-8 sequence and waits for more ids.
     """
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, context: list[int] = ()):
+        """context: the ids before the first one pushed (the prompt), whose text is not returned: decoded with
+        them, the first piece keeps what only context shows (SentencePiece decoders strip a text's leading space:
+        " world" after "Hello" would come out "world"). Left out where it ends inside a character."""
         self.tokenizer = tokenizer
-        self.ids: list[int] = []
+        context = list(context)[-CONTEXT_IDS:]
+        if context and self._decode(context).endswith(REPLACEMENT):
+            context = []
+        self.ids: list[int] = context
         self.prefix_offset = 0
-        self.read_offset = 0
+        self.read_offset = len(context)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

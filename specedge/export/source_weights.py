@@ -40,8 +40,8 @@ class SourceWeights:
         """-> torch float32 tensor (a fresh one: the caller may keep it or let it go)"""
         import torch
 
-        value = self.readers[name]()   # float32 ones cloned: safetensors and a loaded model share theirs (and the
-        return value.to(torch.float32) if value.dtype != torch.float32 else value.clone()   # caller may write)
+        value = self.readers[name]()
+        return value.to(torch.float32) if value.dtype != torch.float32 else value.clone()
 
     def array(self, name: str) -> np.ndarray:
         return self.tensor(name).numpy()
@@ -141,8 +141,7 @@ def _gguf_tensors(source, skeleton) -> _Stored | None:
 
     def read(tensor):
         weights = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name).weights
-        # an f32 tensor is a read-only view of the mapped file: copied (a dequantized one is already fresh)
-        return torch.from_numpy(weights if weights.flags.writeable else weights.copy())
+        return torch.from_numpy(np.array(weights))              # a copy: an f32 tensor is a view of the mapped file
 
     tensors = {names[t.name]: (tuple(int(n) for n in reversed(t.shape)), lambda t=t: read(t))
                for t in reader.tensors if t.name in names}

@@ -214,6 +214,11 @@ def test_echo_with_logprobs_scores_the_prompt_as_lm_evaluation_harness_asks(serv
     assert plain.choices[0].text.startswith(prompt) and plain.choices[0].logprobs is None
     with pytest.raises(openai.BadRequestError, match="'echo' = True is not supported by this server with 'stream'"):
         c.completions.create(model=MODEL, prompt=prompt, echo=True, max_tokens=1, stream=True)
+    only = c.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=1, max_tokens=0)   # as vLLM allows
+    assert only.choices[0].text == gen.tokenizer.decode(prompt_ids, skip_special_tokens=True)
+    assert only.choices[0].logprobs.token_logprobs == block.token_logprobs[:-1] and only.usage.completion_tokens == 0
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        c.completions.create(model=MODEL, prompt=prompt, max_tokens=0)              # without echo: nothing to do
 
 
 def test_chat_logprobs_in_openai_s_shape(server):

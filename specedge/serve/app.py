@@ -231,7 +231,8 @@ class Service:
             self._done(req, handle, outcome["stop"], outcome["stats"], started)
         self._log(request, req, handles, 200, stop, spec, started)
         choices = [self._choice(req, handle, outcome["stop"]) for handle, outcome in zip(handles, outcomes)]
-        return JSONResponse(protocol.response(req, choices, sum(len(h.tokens) for h in handles),
+        completion_tokens = 0 if req.echo_only else sum(len(h.tokens) for h in handles)
+        return JSONResponse(protocol.response(req, choices, completion_tokens,
                                               outcomes[0]["stats"].cached_prompt_tokens, spec))
 
     def _cancel(self, handles: list) -> None:
@@ -245,10 +246,13 @@ class Service:
         offsets = TextOffsets(self.token_text)
         if not req.echo:
             return protocol.Choice(handle.text, stop, self._logprobs(req, handle.logprobs, offsets))
-        text = self.gen.tokenizer.decode(req.prompt_ids, skip_special_tokens=True) + handle.text
+        prompt_text = self.gen.tokenizer.decode(req.prompt_ids, skip_special_tokens=True)
+        text = prompt_text if req.echo_only else prompt_text + handle.text
         if req.options.get("logprobs") is None:
             return protocol.Choice(text, stop)
         prompt = echoed_logprobs(req.prompt_ids, handle.result.prompt_logprobs if handle.result else None, offsets)
+        if req.echo_only:
+            return protocol.Choice(text, stop, prompt)
         return protocol.Choice(text, stop, joined(prompt, self._logprobs(req, handle.logprobs, offsets)))
 
     def _logprobs(self, req, entries: list, offsets: TextOffsets) -> dict | None:

@@ -87,6 +87,7 @@ class ParsedRequest:
     speculation: str = ""                    # policy@drafter, for the log and the response
     n: int = 1                               # choices: sequences generated from the same prompt
     echo: bool = False                       # completions: the prompt before the text (and its tokens' logprobs)
+    echo_only: bool = False                  # echo with max_tokens 0: the prompt alone (scored), no completion
     tools: frozenset = frozenset()           # the tools' names where the reply may call them (tool_choice auto)
     one_tool_call: bool = False              # parallel_tool_calls false: the first call only
     thinking: bool | None = None             # None: no reasoning split; else whether the prompt opened <think>
@@ -344,7 +345,9 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
         include_usage = _bool(stream_options, "include_usage")
         if _bool(stream_options, "include_obfuscation"):
             raise unsupported("stream_options.include_obfuscation", True)
-    max_tokens = _integer(body, "max_tokens", 1)
+    # echo with max_tokens 0 (as OpenAI's legacy API and vLLM): the prompt scored, nothing generated
+    echo_only = kind == "completion" and body.get("echo") is True and body.get("max_tokens") == 0
+    max_tokens = _integer(body, "max_tokens", 0 if echo_only else 1)
     if kind == "chat":
         max_tokens = _integer(body, "max_completion_tokens", 1) or max_tokens
     timeout = _number(body, "timeout", 0, limits.request_timeout or math.inf, None, lo_open=True)
@@ -387,14 +390,14 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
                       "context_length_exceeded")
     if max_tokens is None:
         max_tokens = min(COMPLETION_DEFAULT_MAX_TOKENS, room) if kind == "completion" else room
-    options["max_new_tokens"] = max_tokens
+    options["max_new_tokens"] = max_tokens or 1            # echo only: one token is generated and left out
     if kind == "completion" and body.get("suffix") not in (None, ""):
         options["stop_ids"] = gen.fim_stop_ids(options["stop_ids"])
     echo = kind == "completion" and _echo(body, options)
     label = options["policy"] if options["policy"] == "target" else f"{options['policy']}@{options['drafter']}"
     timeout = timeout if timeout is not None else limits.request_timeout
     return ParsedRequest(kind, model, prompt_ids, options, stream, include_usage, timeout, label,
-                         n=_integer(body, "n", 1, MAX_CHOICES) or 1, echo=echo,
+                         n=_integer(body, "n", 1, MAX_CHOICES) or 1, echo=echo, echo_only=echo_only,
                          tools=tool_names(tools), one_tool_call=body.get("parallel_tool_calls") is False,
                          thinking=_thinking(kind, prompt_ids, gen, limits, options["response_format"] is not None))
 

@@ -66,42 +66,52 @@ LONG_STRING = {"type": "json_schema", "json_schema": {"name": "s", "schema": {
     "x-guidance": {"whitespace_flexible": False}}}}
 
 
+def _ctrl_c_while_another_runs(gen, model, when, mine, other) -> tuple[threading.Event, dict]:
+    """Ctrl+C on this (main) thread, as it would be handled when one of `model`'s calls returns (`when(starts,
+    tokens)` says which), while it drives its own request `mine` (stream options) and another thread's (`other`
+    (): -> a Stream, submitted while this thread drives) -> (the trigger, still set if it never fired; {"result":
+    the other request's result})."""
+    run = model.run
+    armed = threading.Event()
+
+    def interrupted_on_return(starts, tokens, *args, **kwargs):
+        out = run(starts, tokens, *args, **kwargs)
+        if armed.is_set() and threading.current_thread() is threading.main_thread() and when(starts, tokens):
+            armed.clear()
+            raise KeyboardInterrupt
+        return out
+
+    model.run = interrupted_on_return
+    stream = gen.stream("abc", **mine)
+    next(stream)                                      # this (main) thread drives
+    outcome, joined = {}, threading.Event()
+
+    def client():
+        submitted = other()
+        joined.set()
+        time.sleep(0.3)                               # the main thread drives both rows meanwhile
+        outcome["result"] = submitted.wait()
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    joined.wait()
+    armed.set()
+    with pytest.raises(KeyboardInterrupt):
+        stream.wait()
+    thread.join(60)
+    assert stream._seq.cancelled.is_set()             # the interrupted caller's own request does not run on
+    return armed, outcome
+
+
 @pytest.mark.parametrize("opts", [dict(max_new_tokens=60, ignore_eos=True, k=4),
                                   dict(max_new_tokens=60, k=4, response_format=LONG_STRING)],   # its grammar too
                          ids=["plain", "structured"])
 def test_ctrl_c_on_the_driving_thread_leaves_the_other_requests_whole(bundle, opts):
     gen = load(bundle, max_batch=4, threads=1)
     solo = gen.generate("hello world", **opts).tokens
-    run = gen.target.run
-    armed = threading.Event()
-
-    def interrupted_on_return(starts, tokens, *args, **kwargs):
-        out = run(starts, tokens, *args, **kwargs)
-        if armed.is_set() and threading.current_thread() is threading.main_thread() and len(starts) >= 2:
-            armed.clear()
-            raise KeyboardInterrupt                   # as Ctrl+C handled when a verify call returns
-        return out
-
-    gen.target.run = interrupted_on_return
-    mine = gen.stream("abc", **opts)
-    next(mine)                                        # this (main) thread drives
-    result, joined = {}, threading.Event()
-
-    def other():
-        stream = gen.stream("hello world", **opts)
-        joined.set()
-        time.sleep(0.3)                               # the main thread drives both rows meanwhile
-        result["tokens"] = stream.wait().tokens
-
-    thread = threading.Thread(target=other)
-    thread.start()
-    joined.wait()
-    armed.set()
-    with pytest.raises(KeyboardInterrupt):
-        mine.wait()
-    thread.join(60)
-    assert result["tokens"] == solo                   # the half-stepped row was rewound, RNG and positions
-    assert mine._seq.cancelled.is_set()               # the interrupted caller's own request does not run on
+    _, outcome = _ctrl_c_while_another_runs(gen, gen.target, lambda starts, tokens: len(starts) >= 2,  # a verify
+                                            opts, lambda: gen.stream("hello world", **opts))
+    assert outcome["result"].tokens == solo           # the half-stepped row was rewound, RNG and positions
 
 
 def test_dropped_streams_do_not_fill_the_queue_for_good(bundle):
@@ -202,33 +212,8 @@ def test_ctrl_c_in_a_scoring_prefill_scores_each_prompt_token_once(bundle):
     prompt = "hello world " * 12                       # three prefill chunks, the first 64 tokens
     scoring = dict(max_new_tokens=60, ignore_eos=True, k=4, prompt_logprobs=0)   # long enough that the draft is fed
     expected = gen.generate(prompt, **scoring).prompt_logprobs
-    run = gen.draft.run
-    armed = threading.Event()
-
-    def interrupted_on_return(starts, tokens, *args, **kwargs):
-        out = run(starts, tokens, *args, **kwargs)
-        if armed.is_set() and threading.current_thread() is threading.main_thread() and len(tokens[0]) == 64:
-            armed.clear()
-            raise KeyboardInterrupt                   # as Ctrl+C handled when the draft's prefill call returns
-        return out
-
-    gen.draft.run = interrupted_on_return
-    mine = gen.stream("abc", max_new_tokens=60, ignore_eos=True, k=4)
-    next(mine)                                        # this (main) thread drives
-    result, joined = {}, threading.Event()
-
-    def other():
-        stream = gen.stream(prompt, **scoring)
-        joined.set()
-        time.sleep(0.3)                               # the main thread drives both rows meanwhile
-        result["scores"] = stream.wait().prompt_logprobs
-
-    thread = threading.Thread(target=other)
-    thread.start()
-    joined.wait()
-    armed.set()
-    with pytest.raises(KeyboardInterrupt):
-        mine.wait()
-    thread.join(60)
+    armed, outcome = _ctrl_c_while_another_runs(                  # as the draft's prefill call returns
+        gen, gen.draft, lambda starts, tokens: len(tokens[0]) == 64, dict(max_new_tokens=60, ignore_eos=True, k=4),
+        lambda: gen.stream(prompt, **scoring))
     assert not armed.is_set()                         # the interruption did come in a scoring prefill
-    assert result["scores"] == expected
+    assert outcome["result"].prompt_logprobs == expected

@@ -12,6 +12,7 @@ from serve_helpers import MODEL, running, serve_bundle
 from specedge.errors import OptionError
 from specedge.runtime import load
 from specedge.runtime.backends.base import SlotCursor
+from specedge.runtime.logprobs import token_logprobs
 from specedge.serve.logprobs import TokenText, completion_logprobs
 
 PROMPT = "def fib(n):"
@@ -42,6 +43,27 @@ def test_speculation_leaves_logprobs_unchanged(bundle):
     assert drafted.tokens == alone.tokens and drafted.logprobs == alone.logprobs      # bit for bit
     assert [e.token for e in drafted.logprobs] == drafted.tokens
     gen.close()
+
+
+def test_token_logprobs_are_a_float64_log_softmax_bit_for_bit():
+    """The picked and top values equal a float64 log-softmax of the whole rows exactly; ties at the top's cut keep the
+    lower ids (an argpartition would pick any of them)."""
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal((6, 5000)) * 4).astype(np.float32)
+    logits[2, :] = 0.0                                     # a flat row: every token ties
+    logits[3, [7, 11, 400, 4999]] = logits[3].max() + 1    # four tied for first
+    tokens = [int(t) for t in rng.integers(0, 5000, 6)]
+    x = logits.astype(np.float64)
+    logp = x - (x.max(axis=1, keepdims=True) + np.log(np.exp(x - x.max(axis=1, keepdims=True)).sum(axis=1,
+                                                                                                   keepdims=True)))
+    entries = token_logprobs(logits, tokens, 3)
+    for row, token, entry in zip(logp, tokens, entries):
+        assert entry.logprob == row[token]
+        assert [t for t, _ in entry.top] == sorted(range(row.size), key=lambda i: (-row[i], i))[:3]
+        assert [lp for _, lp in entry.top] == [row[t] for t, _ in entry.top]
+    assert [t for t, _ in entries[2].top] == [0, 1, 2] and [t for t, _ in entries[3].top] == [7, 11, 400]
+    assert [e.top for e in token_logprobs(logits[:2], tokens[:2], 0)] == [(), ()]
+    assert len(token_logprobs(logits[:1, :2], [1], 5)[0].top) == 2            # top beyond the vocabulary: all of it
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "top_p": 0.9, "seed": 4}], ids=["greedy", "sampled"])

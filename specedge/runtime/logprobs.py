@@ -25,16 +25,34 @@ class TokenLogprob:
 
 
 def token_logprobs(logits: np.ndarray, tokens: list[int], top: int) -> list[TokenLogprob]:
-    """logits [n, V] (row i: the distribution token i was chosen from), tokens [n] -> one TokenLogprob each."""
-    x = np.asarray(logits[: len(tokens)], dtype=np.float64)
-    peak = x.max(axis=-1, keepdims=True)
-    logp = x - (peak + np.log(np.exp(x - peak).sum(axis=-1, keepdims=True)))
+    """logits [n, V] (row i: the distribution token i was chosen from), tokens [n] -> one TokenLogprob each.
+
+    The values are those of a float64 log-softmax, bit for bit, but only the tokens asked for are computed: a
+    prefill chunk that scores a prompt passes 64 rows of 151,936 logits, and widening all of them (then selecting
+    the top among float64 rows) cost several times the arithmetic itself."""
+    x = np.asarray(logits[: len(tokens)])
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(np.float32)
+    peak = x.max(axis=-1, keepdims=True).astype(np.float64)                       # [n, 1]
+    log_z = peak + np.log(np.exp(x - peak).sum(axis=-1, keepdims=True))          # [n, 1], float64
+    best = _top_ids(x, top) if top else [()] * len(tokens)
     out = []
-    for row, token in zip(logp, tokens):
-        best = ()
-        if top:
-            ids = np.argpartition(-row, top - 1)[:top] if top < row.size else np.arange(row.size)
-            ids = sorted(ids.tolist(), key=lambda i: (-row[i], i))          # ties: the lower id first, as argmax
-            best = tuple((i, float(row[i])) for i in ids)
-        out.append(TokenLogprob(int(token), float(row[token]), best))
+    for row, z, token, ids in zip(x, log_z[:, 0], tokens, best):
+        logp = {i: float(np.float64(row[i]) - z) for i in (token, *ids)}
+        ranked = sorted(ids, key=lambda i: (-logp[i], i))                     # ties: the lower id first, as argmax
+        out.append(TokenLogprob(int(token), logp[token], tuple((i, logp[i]) for i in ranked)))
+    return out
+
+
+def _top_ids(x: np.ndarray, top: int) -> list[list[int]]:
+    """x [n, V] -> each row's `top` largest ids (ties at the cut: the lower ids), in no particular order."""
+    size = x.shape[-1]
+    if top >= size:
+        return [list(range(size))] * len(x)
+    cut = np.partition(x, size - top, axis=-1)[:, size - top]                  # [n]: each row's top-th largest
+    out = []
+    for row, value in zip(x, cut):
+        above = np.flatnonzero(row > value)
+        at = np.flatnonzero(row == value)[: top - above.size]
+        out.append(above.tolist() + at.tolist())
     return out

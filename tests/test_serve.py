@@ -66,6 +66,43 @@ def test_models_and_health(server):
     assert cache["on"] is True and cache["texts"] == gen.scheduler.cache.count()
 
 
+def test_tokenize_counts_what_the_generating_routes_feed(server):
+    srv, gen = server
+    base = srv.base
+    out = client(srv).completions.create(model=MODEL, prompt=PROMPT, max_tokens=1)
+    got = httpx.post(base + "/tokenize", json={"model": MODEL, "prompt": PROMPT}, timeout=30).json()
+    assert got == {"count": out.usage.prompt_tokens, "max_model_len": gen.max_seq_len,
+                   "tokens": gen.tokenizer.encode(PROMPT).ids, "token_strs": None}
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    chat = client(srv).chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    rendered = httpx.post(base + "/tokenize", json={"messages": messages, "return_token_strs": True}).json()
+    assert rendered["count"] == chat.usage.prompt_tokens == len(rendered["tokens"]) > got["count"]
+    assert rendered["token_strs"] == [gen.tokenizer.id_to_token(i) for i in rendered["tokens"]]
+    assert httpx.post(base + "/tokenize", json={"prompt": rendered["tokens"]}).json()["tokens"] == rendered["tokens"]
+    text = httpx.post(base + "/detokenize", json={"model": MODEL, "tokens": got["tokens"]}).json()
+    assert text == {"prompt": PROMPT}
+    whole = httpx.post(base + "/detokenize", json={"tokens": rendered["tokens"]}).json()["prompt"]
+    assert "be brief" in whole and gen.tokenizer.encode(whole).ids == rendered["tokens"]     # special tokens kept
+    assert httpx.post(base + "/tokenize", json={"prompt": ""}).json()["count"] == 0
+    for path, body, status, param in [
+            ("/tokenize", {"prompt": "x", "messages": messages}, 400, "prompt"),
+            ("/tokenize", {}, 400, "prompt"),
+            ("/tokenize", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
+            ("/tokenize", {"prompt": "x", "add_special_tokens": False}, 400, "add_special_tokens"),
+            ("/tokenize", {"prompt": "x", "temperature": 0}, 400, "temperature"),
+            ("/tokenize", {"prompt": "x", "tools": []}, 400, "prompt"),
+            ("/tokenize", {"prompt": [gen.vocab_size]}, 400, "prompt"),
+            ("/tokenize", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
+            ("/tokenize", {"prompt": "x", "return_token_strs": "yes"}, 400, "return_token_strs"),
+            ("/tokenize", ["x"], 400, None),
+            ("/detokenize", {"tokens": [1, -1]}, 400, "tokens"),
+            ("/detokenize", {"tokens": "12"}, 400, "tokens"),
+            ("/detokenize", {"tokens": [1.5]}, 400, "tokens")]:
+        assert_openai_error(httpx.post(base + path, json=body, timeout=30), status, param)
+    assert_openai_error(httpx.get(base + "/tokenize"), 405)
+    assert health(srv)["status"] == "ok"
+
+
 def test_completion_and_chat_match_the_runtime(server):
     srv, gen = server
     c = client(srv)
@@ -439,6 +476,7 @@ def test_an_api_key_is_required_when_set(bundle):
         with pytest.raises(openai.AuthenticationError):
             client(srv, api_key="wrong").completions.create(model=MODEL, prompt="x", max_tokens=2)
         assert_openai_error(httpx.get(srv.url + "/models"), 401)
+        assert_openai_error(httpx.post(srv.base + "/tokenize", json={"prompt": "x"}), 401)
         out = client(srv, api_key="sekrit").completions.create(model=MODEL, prompt="x", max_tokens=2)
         assert out.usage.completion_tokens <= 2
         assert httpx.get(srv.base + "/health").status_code == 200     # health and metrics stay open (loopback)

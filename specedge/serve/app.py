@@ -38,6 +38,7 @@ from specedge.serve.metrics import Metrics
 from specedge.serve.protocol import Limits
 from specedge.serve.rejections import RejectionLog
 from specedge.serve.steps import StepLog
+from specedge.serve.tokenize import detokenize, tokenize
 
 log = logging.getLogger("specedge.serve")
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -413,6 +414,12 @@ class Service:
     async def prometheus(self, request: Request, started: float) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
 
+    async def tokenize_view(self, request: Request, started: float) -> Response:
+        return JSONResponse(tokenize(await self._read_json(request), self.gen, self.limits))
+
+    async def detokenize_view(self, request: Request, started: float) -> Response:
+        return JSONResponse(detokenize(await self._read_json(request), self.gen, self.limits))
+
     async def rejections_view(self, request: Request, started: float) -> Response:
         return JSONResponse(self.rejections.snapshot(top=_count(request, "top", 20, 10_000),
                                                      recent=_count(request, "recent", 50, 10_000)))
@@ -539,6 +546,8 @@ def create_app(gen, limits: Limits, api_key: str | None = None,
         Route("/v1/models/{model:path}", service.route(service.model), methods=["GET"]),
         Route("/v1/speculation/rejections", service.route(service.rejections_view), methods=["GET"]),
         Route("/v1/speculation/steps", service.route(service.steps_view), methods=["GET"]),
+        Route("/tokenize", service.route(service.tokenize_view), methods=["POST"]),
+        Route("/detokenize", service.route(service.detokenize_view), methods=["POST"]),
         Route("/health", service.route(service.health, auth=False), methods=["GET"]),
         Route("/metrics", service.route(service.prometheus, auth=False), methods=["GET"]),
     ]

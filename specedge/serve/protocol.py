@@ -242,7 +242,7 @@ def _unicode(value: str, param: str) -> str:
         raise invalid(str(err), param) from None
 
 
-def _prompt_ids(body: dict, gen) -> list[int]:
+def prompt_ids_of(body: dict, gen) -> list[int]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]                                   # a batch of one
@@ -283,7 +283,7 @@ def _message_text(message: dict, i: int) -> str:
     raise invalid(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
 
 
-def _chat_ids(body: dict, gen, limits: Limits, tools: list[dict] | None) -> list[int]:
+def chat_ids(body: dict, gen, limits: Limits, tools: list[dict] | None) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("'messages' must be a non-empty list", "messages")
@@ -323,6 +323,13 @@ def _chat_ids(body: dict, gen, limits: Limits, tools: list[dict] | None) -> list
         raise invalid(str(err), "messages") from err
 
 
+def served_model(model: str, limits: Limits) -> None:
+    """A 404 in OpenAI's shape unless `model` is the one this server serves."""
+    if model != limits.model:
+        raise APIError(404, f"The model '{model}' does not exist; this server serves '{limits.model}'", "model",
+                       "model_not_found")
+
+
 def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
     """A request body (decoded JSON) -> ParsedRequest; APIError for anything invalid or unsupported."""
     if not isinstance(body, dict):
@@ -331,9 +338,7 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("'model' is required (see GET /v1/models)", "model")
-    if model != limits.model:
-        raise APIError(404, f"The model '{model}' does not exist; this server serves '{limits.model}'", "model",
-                       "model_not_found")
+    served_model(model, limits)
     stream = _bool(body, "stream")
     stream_options = body.get("stream_options")
     include_usage = False
@@ -374,7 +379,7 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
         except OptionError as err:
             raise invalid(f"the tools' parameters: {err}", "tool_choice") from None
         options["response_format"] = forced
-    prompt_ids = _chat_ids(body, gen, limits, tools) if kind == "chat" else _prompt_ids(body, gen)
+    prompt_ids = chat_ids(body, gen, limits, tools) if kind == "chat" else prompt_ids_of(body, gen)
     n, context = len(prompt_ids), gen.max_seq_len
     if n == 0:
         raise invalid("the prompt is empty after tokenization", "messages" if kind == "chat" else "prompt")

@@ -234,11 +234,24 @@ def test_echo_with_logprobs_scores_the_prompt_as_lm_evaluation_harness_asks(serv
     assert out.usage.prompt_tokens == len(prompt_ids) and out.usage.completion_tokens == 1
     plain = c.completions.create(model=MODEL, prompt=prompt, echo=True, max_tokens=3, temperature=0)
     assert plain.choices[0].text.startswith(prompt) and plain.choices[0].logprobs is None
-    with pytest.raises(openai.BadRequestError, match="'echo' = True is not supported by this server with 'stream'"):
-        c.completions.create(model=MODEL, prompt=prompt, echo=True, max_tokens=1, stream=True)
     only = c.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=1, max_tokens=0)   # as vLLM allows
     assert only.choices[0].text == gen.tokenizer.decode(prompt_ids, skip_special_tokens=True)
     assert only.choices[0].logprobs.token_logprobs == block.token_logprobs[:-1] and only.usage.completion_tokens == 0
+    # streamed: the prompt (and its block) comes with the first chunk, the whole equals the unstreamed response
+    for asked, whole in [(dict(logprobs=1, max_tokens=1), out), (dict(max_tokens=3), plain), (dict(logprobs=1,
+                                                                                                  max_tokens=0), only)]:
+        chunks = list(c.completions.create(model=MODEL, prompt=prompt, echo=True, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}, **asked))
+        texts = [ch.choices[0].text for ch in chunks if ch.choices and ch.choices[0].text]
+        assert "".join(texts) == whole.choices[0].text and texts[0].startswith(prompt)
+        blocks = [ch.choices[0].logprobs for ch in chunks if ch.choices and ch.choices[0].logprobs]
+        if whole.choices[0].logprobs is None:
+            assert blocks == []
+        else:
+            assert len(blocks[0].tokens) >= len(prompt_ids)
+            for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                assert [v for b in blocks for v in getattr(b, key)] == getattr(whole.choices[0].logprobs, key)
+        assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         c.completions.create(model=MODEL, prompt=prompt, max_tokens=0)              # without echo: nothing to do
 

@@ -19,6 +19,12 @@ class Stream:
         self.logprobs: list = []                    # their TokenLogprobs, when the request asked for them
         self._error: Exception | None = None
 
+    def scored_prompt(self) -> list | None:
+        """The prompt's TokenLogprobs (a request with prompt_logprobs) as far as its prefill has scored them, all of
+        them once a token has been committed; None for a request that did not ask. Safe from any thread."""
+        scores = self._seq.prompt_logprobs
+        return None if scores is None else list(scores)
+
     def __iter__(self):
         return self
 

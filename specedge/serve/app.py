@@ -247,14 +247,19 @@ class Service:
         offsets = TextOffsets(self.token_text)
         if not req.echo:
             return protocol.Choice(handle.text, stop, self._logprobs(req, handle.logprobs, offsets))
-        prompt_text = self.gen.tokenizer.decode(req.prompt_ids, skip_special_tokens=True)
-        text = prompt_text if req.echo_only else prompt_text + handle.text
-        if req.options.get("logprobs") is None:
-            return protocol.Choice(text, stop)
-        prompt = echoed_logprobs(req.prompt_ids, handle.result.prompt_logprobs if handle.result else None, offsets)
+        text, block = self._echo_head(req, offsets, handle.result.prompt_logprobs if handle.result else None)
         if req.echo_only:
-            return protocol.Choice(text, stop, prompt)
-        return protocol.Choice(text, stop, joined(prompt, self._logprobs(req, handle.logprobs, offsets)))
+            return protocol.Choice(text, stop, block)
+        rest = self._logprobs(req, handle.logprobs, offsets)
+        return protocol.Choice(text + handle.text, stop, _then(block, rest))
+
+    def _echo_head(self, req, offsets: TextOffsets, scores) -> tuple[str, dict | None]:
+        """An echoed choice's start: the prompt's text and, where logprobs were asked for, its legacy block (scores:
+        the prompt's TokenLogprobs, None where they are not known)."""
+        text = self.gen.tokenizer.decode(req.prompt_ids, skip_special_tokens=True)
+        if req.options.get("logprobs") is None:
+            return text, None
+        return text, echoed_logprobs(req.prompt_ids, scores, offsets)
 
     def _logprobs(self, req, entries: list, offsets: TextOffsets) -> dict | None:
         """The logprobs block of these tokens in the request kind's shape; None where none were asked for.
@@ -309,14 +314,24 @@ class Service:
         offsets = TextOffsets(self.token_text)           # completions' text_offset, carried from chunk to chunk
         calling = ToolCallStream(req.tools) if req.tools else None       # holds a tool call back until it is whole
         thinking = ReasoningStream(req.thinking) if req.thinking is not None else None   # <think> apart
+        echo = req.echo
         async for piece, logprobs in self._follow(handle, outcome, alone=req.n == 1):
             thought, piece = thinking.feed(piece) if thinking else ("", piece)
             if thought:
                 yield protocol.chunk(req, None, reasoning=thought, index=index)
             piece = calling.feed(piece) if calling else piece
+            if req.echo_only:
+                continue                                     # the one token generated is left out
             if piece or logprobs:
-                yield protocol.chunk(req, piece, logprobs=self._logprobs(req, logprobs or [], offsets), index=index)
+                # completions' echo: the prompt comes with the first chunk (as vLLM's); its scores are all there
+                # once a token is committed
+                head, block = self._echo_head(req, offsets, handle.stream.scored_prompt()) if echo else ("", None)
+                echo, block = False, _then(block, self._logprobs(req, logprobs or [], offsets))
+                yield protocol.chunk(req, head + piece, logprobs=block, index=index)
         self._done(req, handle, outcome["stop"], outcome["stats"], started)   # counted before the client sees the end
+        if echo:                                             # nothing came before the end (echo with max_tokens 0)
+            head, block = self._echo_head(req, offsets, handle.result.prompt_logprobs if handle.result else None)
+            yield protocol.chunk(req, head, logprobs=block, index=index)
         thought, rest = thinking.finish() if thinking else ("", "")
         if thought:
             yield protocol.chunk(req, None, reasoning=thought, index=index)
@@ -358,7 +373,7 @@ class Service:
             spec = protocol.speculation(_combined(outcomes), req.speculation, stop)
             if req.include_usage:
                 yield _event(final)
-                final = protocol.usage_chunk(req, sum(len(h.tokens) for h in handles),
+                final = protocol.usage_chunk(req, 0 if req.echo_only else sum(len(h.tokens) for h in handles),
                                              outcomes[0]["stats"].cached_prompt_tokens)
             final["speculation"] = spec                   # the stream's last chunk carries the stats
             yield _event(final)
@@ -484,6 +499,11 @@ async def _merged(sources: list):
     finally:
         for task in tasks:
             task.cancel()
+
+
+def _then(first: dict | None, second: dict | None) -> dict | None:
+    """Two legacy logprobs blocks in order, either of which may be missing."""
+    return joined(first, second) if first and second else first or second
 
 
 def _client(request: Request) -> str:

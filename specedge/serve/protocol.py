@@ -413,8 +413,6 @@ def _echo(body: dict, options: dict) -> bool:
     prompt_logprobs (without the prompt cache)."""
     if not _bool(body, "echo"):
         return False
-    if _bool(body, "stream"):
-        raise unsupported("echo", True, " with 'stream' (ask without streaming)")
     if body.get("suffix") not in (None, ""):
         raise invalid("'echo' cannot be combined with 'suffix'", "echo")
     if options["logprobs"] is not None:

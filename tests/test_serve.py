@@ -321,6 +321,32 @@ def test_a_choice_queued_behind_its_siblings_past_the_timeout_ends_empty(bundle)
         first, second = out.json()["choices"]
         assert first["text"] and second["text"] == "" and second["finish_reason"] == "length"
         assert wait_idle(srv)["running"] == 0
+        with httpx.stream("POST", srv.url + "/completions", json={**body, "stream": True}, timeout=30) as response:
+            events = sse_events(response.iter_lines())
+        assert events[-1] == "[DONE]" and "error" not in events[-2]
+        text = {0: "", 1: ""}
+        for event in events[:-1]:
+            text[event["choices"][0]["index"]] += event["choices"][0]["text"]
+        ends = [e["choices"][0]["index"] for e in events[:-1] if e["choices"][0]["finish_reason"]]
+        assert text[0] and text[1] == "" and sorted(ends) == [0, 1] and "speculation" in events[-2]
+        assert wait_idle(srv)["running"] == 0
+
+
+def test_n_choices_that_all_time_out_before_a_token_are_a_503_streamed_or_not(bundle):
+    """As one request that times out before its first token: no choice is an answer, so the request is an error (a
+    503 with Retry-After; streamed, an error event after the role chunks, and no choice's finish)."""
+    with running(bundle, max_batch=2, max_queue=2, slow=0.6) as (srv, gen):
+        body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 20, "n": 2, "timeout": 0.3, "speculation": "off"}
+        err = assert_openai_error(post(srv, "/completions", body), 503)
+        assert err["code"] == "timeout" and wait_idle(srv)["running"] == 0
+        with httpx.stream("POST", srv.url + "/chat/completions", timeout=30, json={
+                **{k: v for k, v in body.items() if k != "prompt"}, "stream": True,
+                "messages": [{"role": "user", "content": "hi"}]}) as response:
+            assert response.status_code == 200
+            events = sse_events(response.iter_lines())
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "timeout"
+        assert not [e for e in events[:-2] if e["choices"][0]["finish_reason"] is not None]
+        assert wait_idle(srv)["running"] == 0
 
 
 def test_greedy_output_equals_specedge_generate_while_other_requests_run(server, bundle, capsys):

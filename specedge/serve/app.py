@@ -224,7 +224,7 @@ class Service:
         if waiter.exception() is not None:           # a failed or refused end: the other choices end too
             self._cancel(handles)
             raise waiter.exception()
-        if req.n > 1 and all(o["stop"] == "timeout" and not h.tokens for h, o in zip(handles, outcomes)):
+        if _all_timed_out(handles, outcomes):
             raise _timed_out(req.timeout)
         stop = outcomes[0]["stop"]
         spec = protocol.speculation(_combined(outcomes), req.speculation, stop)
@@ -352,16 +352,24 @@ class Service:
         try:
             streams = [self._choice_chunks(req, handle, index, outcome, started)
                        for index, (handle, outcome) in enumerate(zip(handles, outcomes))]
-            finished, final = 0, None
+            finished, final, held = 0, None, []
             try:
                 async with contextlib.aclosing(_merged(streams)) as events:
                     async for event in events:
-                        if event["choices"][0]["finish_reason"] is not None:
+                        choice = event["choices"][0]
+                        if choice["finish_reason"] is not None:
                             finished += 1
                             if finished == len(handles):    # the last choice's end: the stats come with it
                                 final = event
                                 continue
+                            if _ended_empty(handles[choice["index"]], outcomes[choice["index"]]):
+                                held.append(event)          # until it is known whether every choice did
+                                continue
                         yield _event(event)
+                if _all_timed_out(handles, outcomes):     # as unstreamed: nothing came, so no choice is an answer
+                    raise _timed_out(req.timeout)
+                for event in held:
+                    yield _event(event)
             except APIError as err:                       # headers are sent: an error event, then the end
                 self._cancel(handles)
                 status, stop = err.status, err.code or err.type
@@ -459,6 +467,15 @@ def _busy(why: str) -> APIError:
 def _timed_out(seconds: float) -> APIError:
     return APIError(503, f"the request timed out after {seconds:g} s before its first token (the server is busy)",
                     None, "timeout", {"Retry-After": str(RETRY_AFTER_S)})
+
+
+def _ended_empty(handle, outcome: dict) -> bool:
+    """A choice that reached the timeout before its first token (one of n > 1: _follow raises that for n = 1)."""
+    return outcome.get("stop") == "timeout" and not handle.tokens
+
+
+def _all_timed_out(handles: list, outcomes: list[dict]) -> bool:
+    return len(handles) > 1 and all(map(_ended_empty, handles, outcomes))
 
 
 def _combined(outcomes: list[dict]):

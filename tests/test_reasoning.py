@@ -96,9 +96,8 @@ def test_specedge_chat_shows_thinking_apart_from_the_answer(tool_bundle, capsys)
 
 
 def test_thinking_edge_cases_a_reviewer_found(tool_bundle):  # noqa: F811
-    """Under a grammar a template's open <think> does not swallow the reply; the assistant message as the client
-    got it (reasoning_content included) goes back in; a reply cut off while thinking has no content; number and
-    logit_bias abuse is a 400, not a 500."""
+    """The assistant message as the client got it (reasoning_content included) goes back in; a reply cut off while
+    thinking has no content; number and logit_bias abuse is a 400, not a 500."""
     import httpx
 
     from test_serve import assert_openai_error
@@ -106,10 +105,6 @@ def test_thinking_edge_cases_a_reviewer_found(tool_bundle):  # noqa: F811
     with running(tool_bundle) as (srv, gen):
         gen.chat_template = OPENED
         messages = [{"role": "user", "content": "2 + 2?"}]
-        r = client(srv).chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0,
-                                                response_format={"type": "json_object"})
-        assert isinstance(json.loads(r.choices[0].message.content), dict)
-        assert r.choices[0].message.model_extra["reasoning_content"] is None
         script_target(gen, gen.tokenizer.encode("a long thought", add_special_tokens=False).ids,
                       len(gen.encode_messages(messages)))
         cut = client(srv).chat.completions.create(model=MODEL, messages=messages, max_tokens=5, temperature=0)
@@ -122,3 +117,89 @@ def test_thinking_edge_cases_a_reviewer_found(tool_bundle):  # noqa: F811
                              "presence_penalty")]:
             bad = httpx.post(srv.url + "/completions", content=body % MODEL.encode(), timeout=10)
             assert_openai_error(bad, 400, param)
+
+
+JSON_REPLY = '{"a": 4}'
+ANSWER = {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+    "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("template,reply,reasoning", [
+    (OPENED, "Two and two.\n</think>\n\n" + JSON_REPLY, "Two and two."),          # the prompt opened the block
+    (THINKING, "<think>\nTwo and two.\n</think>\n\n" + JSON_REPLY, "Two and two."),   # the reply opens it
+    (THINKING, JSON_REPLY, None)], ids=["opened", "optional", "no-thought"])     # or answers at once
+def test_a_grammar_holds_after_the_thinking(tool_bundle, template, reply, reasoning):  # noqa: F811
+    """response_format on a thinking template: the reply thinks, then writes the schema's JSON (as vLLM applies a
+    grammar after its reasoning parser's end); whole and streamed, under speculation."""
+    with running(tool_bundle) as (srv, gen):
+        gen.chat_template = template
+        messages = [{"role": "user", "content": "2 + 2?"}]
+        script_target(gen, gen.tokenizer.encode(reply, add_special_tokens=False).ids, len(gen.encode_messages(messages)))
+        kwargs = dict(model=MODEL, messages=messages, max_tokens=120, temperature=0, response_format=ANSWER)
+        whole = client(srv).chat.completions.create(**kwargs).choices[0]
+        assert whole.finish_reason == "stop" and json.loads(whole.message.content) == {"a": 4}
+        assert whole.message.model_extra["reasoning_content"] == reasoning
+        thought, answer = "", ""
+        for part in client(srv).chat.completions.create(stream=True, **kwargs):
+            if part.choices:
+                thought += (part.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+                answer += part.choices[0].delta.content or ""
+        assert (thought or None, answer) == (reasoning, whole.message.content)
+
+
+def test_a_thinking_reply_that_breaks_the_schema_after_it_is_held_to_it(tool_bundle):  # noqa: F811
+    """The thought is free, the answer is not: a scripted answer outside the schema comes out as JSON the schema
+    allows; without the reasoning parser (--no-reasoning-parser) the grammar holds from the first token."""
+    messages = [{"role": "user", "content": "2 + 2?"}]
+    reply = "<think>\nTwo and two.\n</think>\n\nfour"
+    with running(tool_bundle) as (srv, gen):
+        gen.chat_template = THINKING
+        script_target(gen, gen.tokenizer.encode(reply, add_special_tokens=False).ids, len(gen.encode_messages(messages)))
+        out = client(srv).chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0,
+                                                  response_format={"type": "json_object"}).choices[0]
+        assert out.message.model_extra["reasoning_content"] == "Two and two."
+        assert out.finish_reason == "length" or isinstance(json.loads(out.message.content), dict)
+        assert not out.message.content or out.message.content.startswith("{")
+    with running(tool_bundle, reasoning=False) as (srv, gen):
+        gen.chat_template = OPENED
+        out = client(srv).chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0,
+                                                  response_format={"type": "json_object"}).choices[0]
+        assert out.message.content.startswith("{") and "reasoning_content" not in (out.message.model_extra or {})
+
+
+def test_a_forced_tool_call_after_thinking(tool_bundle):  # noqa: F811
+    tools_template = THINKING.replace("{% for m in messages %}", "{% if tools %}<tool_call> {{ tools | tojson }}\n"
+                                      "{% endif %}{% for m in messages %}")
+    call = '{"name":"get_weather","arguments":{"city":"Paris"}}'     # compact, as a forced call's grammar holds it
+    with running(tool_bundle) as (srv, gen):
+        gen.chat_template = tools_template
+        messages = [{"role": "user", "content": "Weather in Paris?"}]
+        script_target(gen, gen.tokenizer.encode("<think>Weather.</think>\n\n" + call, add_special_tokens=False).ids,
+                      len(gen.encode_messages(messages, tools=TOOLS)))
+        out = client(srv).chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=160,
+                                                  temperature=0, tool_choice="required").choices[0]
+        assert out.finish_reason == "tool_calls" and out.message.model_extra["reasoning_content"] == "Weather."
+        assert json.loads(out.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+
+
+def test_the_python_api_thinks_before_a_grammar_on_a_thinking_template(tool_bundle):  # noqa: F811
+    """chat / stream_chat / generate(chat=True) decide as the server does; `thinking` given (None included) wins;
+    speculation gives the target's own output."""
+    from specedge.errors import OptionError
+    from specedge.runtime import load
+
+    gen = load(tool_bundle)
+    gen.chat_template = OPENED
+    messages = [{"role": "user", "content": "2 + 2?"}]
+    script_target(gen, gen.tokenizer.encode("Two.\n</think>\n\n" + JSON_REPLY, add_special_tokens=False).ids,
+                  len(gen.encode_messages(messages)))
+    options = dict(max_new_tokens=80, response_format=ANSWER)
+    alone = gen.chat(messages, **options, policy="target")
+    assert alone.text.startswith("Two.\n</think>") and json.loads(alone.text.split("</think>")[1]) == {"a": 4}
+    assert gen.chat(messages, **options, policy="fixed:4").tokens == alone.tokens
+    assert gen.generate("2 + 2?", chat=True, **options).tokens == alone.tokens
+    held = gen.chat(messages, **options, thinking=None)                  # the grammar from the first token
+    assert held.text.startswith("{")
+    with pytest.raises(OptionError, match="thinking must be one of"):
+        gen.chat(messages, **options, thinking="always")
+    gen.close()

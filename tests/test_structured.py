@@ -45,6 +45,15 @@ def test_greedy_output_under_a_grammar_is_the_targets_own(gen, fmt, options):
             assert spec.stats.stop_reason == "eos"
 
 
+def test_an_object_s_properties_come_in_the_schema_s_order(gen):
+    """As OpenAI's structured outputs: a model asked for {"name", "arguments"} writes "name" first (a forced tool
+    call); the schema's keys are not sorted on the way to the grammar."""
+    backwards = {**SCHEMA, "properties": {"b": SCHEMA["properties"]["b"], "a": SCHEMA["properties"]["a"]}}
+    for schema, first in [(SCHEMA, '{"a":'), (backwards, '{"b":')]:
+        fmt = {"type": "json_schema", "json_schema": {"name": "ab", "schema": schema}}
+        assert gen.generate("the cat", max_new_tokens=48, k=4, response_format=fmt).text.startswith(first)
+
+
 def test_rows_under_grammars_in_a_batch_equal_their_solo_runs(standard_bundles):
     gen = load(standard_bundles["qwen2"], max_batch=4)
     requests = [(p, dict(max_new_tokens=40, k=4, **({"response_format": FORMATS[f]} if f else {})))

@@ -29,6 +29,7 @@ from specedge.runtime.manifest import read_manifest
 from specedge.runtime.options import (chat_messages, checked_text, generation_options, integer, template_kwargs,
                                       token_ids, tool_definitions)
 from specedge.runtime.policies import make_policy
+from specedge.runtime.reasoning import END as THINK_END, START as THINK_START, prompt_opens_thinking, template_thinks
 from specedge.runtime.row_check import choose_min_rows
 from specedge.runtime.sampling import Warp
 from specedge.runtime.scheduler import PREFILL_CHUNK, Scheduler
@@ -196,6 +197,8 @@ class Generator:
         suffix: fill in the middle: the model writes what goes between prompt and suffix (code models)."""
         opts = self.options(**options)
         prompt_ids = self.encode(prompt, opts.chat, suffix)
+        if opts.chat:
+            opts = self.options(**self._thinking_first(prompt_ids, options))
         if suffix not in (None, ""):
             opts = replace(opts, stop_ids=self.fim_stop_ids(opts.stop_ids))
         return self._submit(prompt_ids, opts, on_token, outbox)
@@ -218,7 +221,7 @@ class Generator:
         """The assistant's next turn in a conversation. Send the whole conversation each turn: the prompt cache (on
         by default where it is exact) prefills only what is new since the last turn."""
         ids = self.encode_messages(messages, chat_template_kwargs, tools)
-        return self._submit(ids, self.options(**options), on_token)
+        return self._submit(ids, self.options(**self._thinking_first(ids, options)), on_token)
 
     def chat(self, messages: list[dict], chat_template_kwargs: dict | None = None, tools: list[dict] | None = None,
              **options) -> GenerationResult:
@@ -299,12 +302,26 @@ class Generator:
     def _constraint(self, opts: GenerationOptions):
         """The grammar state a response_format asks for (None: plain text); its text ends at an eos id or a stop id
         where the grammar is complete."""
-        grammar = grammar_of(opts.response_format)
+        grammar = grammar_of(opts.response_format, opts.thinking, self._think_tokens())
         if grammar is None:
             return None
         if opts.ignore_eos:
             raise OptionError("ignore_eos cannot be combined with response_format (the grammar's text ends at an eos)")
         return self.grammar_tokens().constraint(grammar, self.eos_ids | set(opts.stop_ids))
+
+    def _think_tokens(self) -> bool:
+        """Whether the tokenizer holds <think> and </think> as added tokens of their own (Qwen3: the grammar library
+        sees every added token as a special token, so the grammar names them rather than matching their text)."""
+        added = {token.content for token in self.tokenizer.get_added_tokens_decoder().values()}
+        return {THINK_START, THINK_END} <= added
+
+    def _thinking_first(self, prompt_ids: list[int], options: dict) -> dict:
+        """A chat request held to a response_format on a thinking template (one that knows </think>): the reply thinks
+        first and the grammar holds after its </think>, as the server does; an explicit `thinking` option wins."""
+        if options.get("response_format") is None or "thinking" in options or not template_thinks(self.chat_template):
+            return options
+        opened = prompt_opens_thinking(self.decode(prompt_ids[-16:]))
+        return {**options, "thinking": "opened" if opened else "optional"}
 
     def grammar_tokens(self) -> GrammarTokens:
         """The vocabulary as the grammar library sees it, built on first use (about a second for a 150k vocabulary;

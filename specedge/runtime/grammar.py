@@ -35,9 +35,22 @@ def _llguidance():
     return llguidance
 
 
-def grammar_of(response_format) -> str | None:
+THINKING = ("opened", "optional")       # where a reasoning model's reply thinks before the grammar holds
+
+
+def grammar_of(response_format, thinking: str | None = None, think_tokens: bool = False) -> str | None:
     """OpenAI's response_format -> an llguidance grammar (None: plain text). A wrong shape or schema is an
-    OptionError naming it."""
+    OptionError naming it.
+    thinking: None, the grammar holds from the reply's first token; "opened", the prompt opened a <think> block and
+    the grammar holds after its </think>; "optional", the reply may open one itself first (as vLLM applies a
+    grammar after a reasoning parser's end). think_tokens: the tokenizer holds <think> and </think> as tokens of
+    their own (Qwen3, DeepSeek-R1's distills), which the grammar names as such rather than as text."""
+    schema = _schema(response_format)
+    # the keys in the schema's own order: the grammar writes an object's properties in that order (OpenAI's too)
+    return None if schema is None else _compiled(json.dumps(schema), thinking, think_tokens)
+
+
+def _schema(response_format) -> dict | bool | None:
     if response_format is None:
         return None
     if not isinstance(response_format, dict) or not isinstance(response_format.get("type"), str):
@@ -54,15 +67,31 @@ def grammar_of(response_format) -> str | None:
             raise OptionError("response_format json_schema needs {'json_schema': {'name': ..., 'schema': {...}}}")
     else:
         raise OptionError(f"response_format type '{kind}' is not supported (text, json_object, json_schema)")
-    return _compiled(json.dumps(schema, sort_keys=True))
+    return schema
+
+
+def _after_thinking(schema: str, thinking: str, think_tokens: bool) -> str:
+    """The Lark grammar (llguidance's dialect) of a reply that thinks, then writes the schema's JSON: any text up
+    to </think> (named as a token, or matched lazily as text), whitespace, then the JSON."""
+    if think_tokens:
+        thought = "THOUGHT </think>" if thinking == "opened" else "(<think> THOUGHT </think> SPACE)?"
+        rules = "THOUGHT: /(?s:.*)/\n"
+    else:
+        thought = "thought" if thinking == "opened" else '("<think>" thought SPACE)?'
+        rules = "thought[lazy]: /(?s:.*)<\\/think>/\n"
+    spaced = " SPACE" if thinking == "opened" else ""
+    return f"start: {thought}{spaced} answer\n{rules}SPACE: /[ \\t\\r\\n]*/\nanswer: %json {schema}\n"
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(schema: str) -> str:
+def _compiled(schema: str, thinking: str | None = None, think_tokens: bool = False) -> str:
     """A JSON schema's grammar, compiled once (the server checks a request's, then its sequence uses it)."""
     llguidance = _llguidance()
+    if thinking not in (None, *THINKING):
+        raise OptionError(f"thinking must be one of {', '.join(THINKING)} (or None), got {thinking!r}")
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+        grammar = (llguidance.LLMatcher.grammar_from_json_schema(schema) if thinking is None else
+                   llguidance.LLMatcher.grammar_from_lark(_after_thinking(schema, thinking, think_tokens)))
     except (ValueError, TypeError, RuntimeError) as err:
         raise OptionError(f"response_format: the JSON schema is not usable: {err}") from None
     problem = llguidance.LLMatcher.validate_grammar(grammar)

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from specedge.errors import OptionError
 from specedge.runtime.chat import TEMPLATE_GLOBALS
+from specedge.runtime.grammar import THINKING
 from specedge.runtime.logprobs import MAX_TOP_LOGPROBS
 from specedge.runtime.policies import make_policy
 from specedge.runtime.sequences import DRAFTERS, GenerationOptions
@@ -226,7 +227,13 @@ def generation_options(options: dict, max_draft: int) -> GenerationOptions:
         presence_penalty=_ranged("presence_penalty", o.presence_penalty, -2.0, 2.0),
         frequency_penalty=_ranged("frequency_penalty", o.frequency_penalty, -2.0, 2.0),
         repetition_penalty=_ranged("repetition_penalty", o.repetition_penalty, 0.0, 10.0, low_open=True),
-        logit_bias=logit_bias(o.logit_bias))
+        logit_bias=logit_bias(o.logit_bias), thinking=_thinking(o.thinking))
+
+
+def _thinking(value) -> str | None:
+    if value not in (None, *THINKING):
+        raise OptionError(f"thinking must be one of {', '.join(THINKING)} (or None), got {value!r}")
+    return value
 
 
 def logit_bias(bias) -> dict | None:

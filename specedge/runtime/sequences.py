@@ -40,6 +40,7 @@ class GenerationOptions:
     logprobs: int | None = None     # None: off; n >= 0: each generated token's logprob, the n likeliest at its place
     prompt_logprobs: int | None = None   # likewise for each prompt token after the first (scoring; no prompt cache)
     response_format: dict | None = None   # OpenAI's: {"type": "json_object"} or a json_schema (runtime/grammar.py)
+    thinking: str | None = None     # under response_format: "opened" / "optional" <think> block before the grammar
     presence_penalty: float = 0.0   # OpenAI's, over generated tokens (runtime/penalties.py)
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # multiplicative, over prompt and generated tokens (1 = off)

@@ -399,12 +399,15 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
     if kind == "completion" and body.get("suffix") not in (None, ""):
         options["stop_ids"] = gen.fim_stop_ids(options["stop_ids"])
     echo = kind == "completion" and _echo(body, options)
+    thinking = _thinking(kind, prompt_ids, gen, limits)
+    if thinking is not None and options["response_format"] is not None:
+        options["thinking"] = "opened" if thinking else "optional"     # the grammar holds after </think>
     label = options["policy"] if options["policy"] == "target" else f"{options['policy']}@{options['drafter']}"
     timeout = timeout if timeout is not None else limits.request_timeout
     return ParsedRequest(kind, model, prompt_ids, options, stream, include_usage, timeout, label,
                          n=_integer(body, "n", 1, MAX_CHOICES) or 1, echo=echo, echo_only=echo_only,
                          tools=tool_names(tools), one_tool_call=body.get("parallel_tool_calls") is False,
-                         thinking=_thinking(kind, prompt_ids, gen, limits, options["response_format"] is not None))
+                         thinking=thinking)
 
 
 def _echo(body: dict, options: dict) -> bool:
@@ -420,12 +423,13 @@ def _echo(body: dict, options: dict) -> bool:
     return True
 
 
-def _thinking(kind: str, prompt_ids: list[int], gen, limits: Limits, grammar: bool) -> bool | None:
-    """None: the reply is not split; else whether the rendered prompt left a <think> block open (never under a
-    grammar: it holds from the reply's first token, so the reply does not think, whatever the prompt opened)."""
+def _thinking(kind: str, prompt_ids: list[int], gen, limits: Limits) -> bool | None:
+    """None: the reply is not split; else whether the rendered prompt left a <think> block open. Under a grammar
+    (response_format, a forced tool call) the reply thinks first and the grammar holds after </think>, as vLLM's
+    with a reasoning parser; with the parser off (--no-reasoning-parser) it holds from the first token."""
     if kind != "chat" or not limits.reasoning or not template_thinks(gen.chat_template):
         return None
-    return not grammar and prompt_opens_thinking(gen.decode(prompt_ids[-16:]))
+    return prompt_opens_thinking(gen.decode(prompt_ids[-16:]))
 
 
 # -- responses ---------------------------------------------------------------------------------

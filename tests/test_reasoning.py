@@ -203,3 +203,51 @@ def test_the_python_api_thinks_before_a_grammar_on_a_thinking_template(tool_bund
     with pytest.raises(OptionError, match="thinking must be one of"):
         gen.chat(messages, **options, thinking="always")
     gen.close()
+
+
+def test_think_tags_that_are_tokens_are_named_as_tokens_in_the_grammar():
+    """Qwen3 holds <think> and </think> as added tokens, which the grammar library sees as special tokens: the grammar
+    must name them (a text "</think>" would never match the model's token, so the thought could never end)."""
+    from tokenizers import AddedToken
+    from tiny_models import byte_tokenizer
+
+    from specedge.runtime.grammar import GrammarTokens, grammar_of
+
+    tok = byte_tokenizer(chat=True).backend_tokenizer
+    tok.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
+    eos = tok.token_to_id("<|im_end|>")
+    vocab = GrammarTokens(tok.to_str(), tok.get_vocab_size(True), tok.get_vocab_size(True), {eos})
+
+    def held(text: str, thinking: str, tags: tuple[bool, bool]) -> bool:
+        constraint = vocab.constraint(grammar_of(ANSWER, thinking, tags), {eos})
+        return all(constraint.push(t) for t in tok.encode(text, add_special_tokens=False).ids + [eos])
+
+    thought = "<think>\nTwo </th and two.\n</think>\n\n" + JSON_REPLY
+    assert held(thought, "optional", (True, True)) and held(JSON_REPLY, "optional", (True, True))
+    assert held(thought.removeprefix("<think>"), "opened", (True, True))
+    assert not held(thought, "optional", (False, False))        # as text, the tags' tokens are refused
+    assert not held(thought + " ", "optional", (True, True))     # nothing after the JSON
+    assert not held(thought.replace("\n\n{", "\n\n\n\n\n\n{"), "optional", (True, True))   # whitespace bounded
+    assert not held(JSON_REPLY, "opened", (True, True))           # opened: the thought must close first
+
+
+def test_a_think_end_token_lets_the_thought_end_on_the_model(tool_bundle):  # noqa: F811
+    """The tiny model has one spare row: </think> becomes an added token there (id 259) while <think> stays text;
+    each tag is named as what it is, and speculation gives the target's own reply."""
+    from tokenizers import AddedToken
+
+    from specedge.runtime import load
+
+    gen = load(tool_bundle)
+    gen.tokenizer.add_tokens([AddedToken("</think>", special=False)])
+    assert gen.tokenizer.token_to_id("</think>") < gen.vocab_size and gen._think_tokens() == (False, True)
+    messages = [{"role": "user", "content": "2 + 2?"}]
+    for template, reply in [(OPENED, "Two.\n</think>\n\n" + JSON_REPLY), (THINKING, "<think>Two.</think>" + JSON_REPLY)]:
+        gen.chat_template = template
+        ids = gen.tokenizer.encode(reply, add_special_tokens=False).ids
+        assert gen.tokenizer.token_to_id("</think>") in ids
+        script_target(gen, ids, len(gen.encode_messages(messages)))
+        alone = gen.chat(messages, max_new_tokens=60, response_format=ANSWER, policy="target")
+        assert alone.tokens[:len(ids)] == ids and alone.stats.stop_reason == "eos"
+        assert gen.chat(messages, max_new_tokens=60, response_format=ANSWER, policy="fixed:4").tokens == alone.tokens
+    gen.close()

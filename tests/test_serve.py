@@ -84,11 +84,17 @@ def test_tokenize_counts_what_the_generating_routes_feed(server):
     whole = httpx.post(base + "/detokenize", json={"tokens": rendered["tokens"]}).json()["prompt"]
     assert "be brief" in whole and gen.tokenizer.encode(whole).ids == rendered["tokens"]     # special tokens kept
     assert httpx.post(base + "/tokenize", json={"prompt": ""}).json()["count"] == 0
+    explicit = {"messages": messages, "add_special_tokens": False, "add_generation_prompt": True}   # vLLM's defaults
+    assert httpx.post(base + "/tokenize", json=explicit).json()["tokens"] == rendered["tokens"]
+    assert httpx.post(base + "/tokenize", json={"prompt": PROMPT, "add_special_tokens": True}).json() == got
     for path, body, status, param in [
             ("/tokenize", {"prompt": "x", "messages": messages}, 400, "prompt"),
             ("/tokenize", {}, 400, "prompt"),
             ("/tokenize", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
             ("/tokenize", {"prompt": "x", "add_special_tokens": False}, 400, "add_special_tokens"),
+            ("/tokenize", {"messages": messages, "add_special_tokens": True}, 400, "add_special_tokens"),
+            ("/tokenize", {"messages": messages, "add_generation_prompt": False}, 400, "add_generation_prompt"),
+            ("/tokenize", {"prompt": "x", "add_generation_prompt": True}, 400, "add_generation_prompt"),
             ("/tokenize", {"prompt": "x", "temperature": 0}, 400, "temperature"),
             ("/tokenize", {"prompt": "x", "tools": []}, 400, "prompt"),
             ("/tokenize", {"prompt": [gen.vocab_size]}, 400, "prompt"),
@@ -99,6 +105,7 @@ def test_tokenize_counts_what_the_generating_routes_feed(server):
             ("/detokenize", {"tokens": "12"}, 400, "tokens"),
             ("/detokenize", {"tokens": [1.5]}, 400, "tokens")]:
         assert_openai_error(httpx.post(base + path, json=body, timeout=30), status, param)
+    assert "'tokens'" in httpx.post(base + "/detokenize", json={"tokens": [1.5]}).json()["error"]["message"]
     assert_openai_error(httpx.get(base + "/tokenize"), 405)
     assert health(srv)["status"] == "ok"
 

@@ -61,6 +61,7 @@ class Generator:
         self.max_seq_len, self.max_draft, self.vocab_size = m["max_seq_len"], m["max_draft"], m["vocab_size"]
         self.eos_ids = frozenset(m["eos_token_ids"])
         self._grammar_tokens = None                # structured output's view of the vocabulary, built on first use
+        self._think_tags = None                    # (<think>, </think>) added tokens of their own? read on first use
         try:
             self.tokenizer = Tokenizer.from_file(str(self.path / m["tokenizer"]["file"]))
         except Exception as err:  # tokenizers raises a bare Exception on bad JSON
@@ -309,11 +310,12 @@ class Generator:
             raise OptionError("ignore_eos cannot be combined with response_format (the grammar's text ends at an eos)")
         return self.grammar_tokens().constraint(grammar, self.eos_ids | set(opts.stop_ids))
 
-    def _think_tokens(self) -> bool:
-        """Whether the tokenizer holds <think> and </think> as added tokens of their own (Qwen3: the grammar library
-        sees every added token as a special token, so the grammar names them rather than matching their text)."""
-        added = {token.content for token in self.tokenizer.get_added_tokens_decoder().values()}
-        return {THINK_START, THINK_END} <= added
+    def _think_tokens(self) -> tuple[bool, bool]:
+        """Whether the tokenizer holds <think>, </think> as added tokens of their own (Qwen3), each; read once."""
+        if self._think_tags is None:
+            added = {token.content for token in self.tokenizer.get_added_tokens_decoder().values()}
+            self._think_tags = (THINK_START in added, THINK_END in added)
+        return self._think_tags
 
     def _thinking_first(self, prompt_ids: list[int], options: dict) -> dict:
         """A chat request held to a response_format on a thinking template (one that knows </think>): the reply thinks

@@ -38,16 +38,18 @@ def _llguidance():
 THINKING = ("opened", "optional")       # where a reasoning model's reply thinks before the grammar holds
 
 
-def grammar_of(response_format, thinking: str | None = None, think_tokens: bool = False) -> str | None:
+def grammar_of(response_format, thinking: str | None = None, think_tokens: tuple[bool, bool] = (False, False)
+               ) -> str | None:
     """OpenAI's response_format -> an llguidance grammar (None: plain text). A wrong shape or schema is an
     OptionError naming it.
     thinking: None, the grammar holds from the reply's first token; "opened", the prompt opened a <think> block and
     the grammar holds after its </think>; "optional", the reply may open one itself first (as vLLM applies a
-    grammar after a reasoning parser's end). think_tokens: the tokenizer holds <think> and </think> as tokens of
-    their own (Qwen3, DeepSeek-R1's distills), which the grammar names as such rather than as text."""
+    grammar after a reasoning parser's end). think_tokens: whether the tokenizer holds <think>, </think> as added
+    tokens of their own (Qwen3, DeepSeek-R1's distills); the grammar library sees every added token as a special
+    token, so the grammar names such a tag as a token rather than matching its text."""
     schema = _schema(response_format)
     # the keys in the schema's own order: the grammar writes an object's properties in that order (OpenAI's too)
-    return None if schema is None else _compiled(json.dumps(schema), thinking, think_tokens)
+    return None if schema is None else _compiled(json.dumps(schema), thinking, tuple(think_tokens))
 
 
 def _schema(response_format) -> dict | bool | None:
@@ -70,21 +72,23 @@ def _schema(response_format) -> dict | bool | None:
     return schema
 
 
-def _after_thinking(schema: str, thinking: str, think_tokens: bool) -> str:
+def _after_thinking(schema: str, thinking: str, think_tokens: tuple[bool, bool]) -> str:
     """The Lark grammar (llguidance's dialect) of a reply that thinks, then writes the schema's JSON: any text up
-    to </think> (named as a token, or matched lazily as text), whitespace, then the JSON."""
-    if think_tokens:
-        thought = "THOUGHT </think>" if thinking == "opened" else "(<think> THOUGHT </think> SPACE)?"
-        rules = "THOUGHT: /(?s:.*)/\n"
+    to </think> (a token, or matched lazily as text), a little whitespace (bounded: a model held to a grammar it did
+    not choose may otherwise fill it), then the JSON."""
+    start_token, end_token = think_tokens
+    thought = "THOUGHT </think>" if end_token else "thought"
+    if thinking == "optional":
+        opening = "<think>" if start_token else '"<think>"'
+        thought = f"({opening} {thought} SPACE)?"
     else:
-        thought = "thought" if thinking == "opened" else '("<think>" thought SPACE)?'
-        rules = "thought[lazy]: /(?s:.*)<\\/think>/\n"
-    spaced = " SPACE" if thinking == "opened" else ""
-    return f"start: {thought}{spaced} answer\n{rules}SPACE: /[ \\t\\r\\n]*/\nanswer: %json {schema}\n"
+        thought += " SPACE"
+    rules = "THOUGHT: /(?s:.*)/\n" if end_token else "thought[lazy]: /(?s:.*)<\\/think>/\n"
+    return f"start: {thought} answer\n{rules}SPACE: /[ \\t\\r\\n]{{0,4}}/\nanswer: %json {schema}\n"
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(schema: str, thinking: str | None = None, think_tokens: bool = False) -> str:
+def _compiled(schema: str, thinking: str | None = None, think_tokens: tuple[bool, bool] = (False, False)) -> str:
     """A JSON schema's grammar, compiled once (the server checks a request's, then its sequence uses it)."""
     llguidance = _llguidance()
     if thinking not in (None, *THINKING):

@@ -16,16 +16,24 @@ from specedge.serve.protocol import Limits, chat_ids, prompt_ids_of, served_mode
 from specedge.serve.tools import requested_tools
 
 _TOKENIZE = {"model", "prompt", "messages", "tools", "tool_choice", "chat_template_kwargs", "return_token_strs"}
-_DEFAULT_ONLY = {"add_special_tokens": True, "add_generation_prompt": True}    # what the generating routes do
+
+
+def _defaults(body: dict) -> dict:
+    """vLLM's switches, taken at what the generating routes do (their defaults in vLLM too): a prompt gets the
+    tokenizer's special tokens (a BOS), a rendered chat does not (its template wrote them)."""
+    if "messages" in body:
+        return {"add_special_tokens": False, "add_generation_prompt": True}
+    return {"add_special_tokens": True} if "prompt" in body else {}
 
 
 def _checked(body, known: set[str], limits: Limits) -> dict:
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
+    defaults = _defaults(body) if known is _TOKENIZE else {}
     for name, value in body.items():
-        if name in _DEFAULT_ONLY and value is not _DEFAULT_ONLY[name]:
+        if name in defaults and value is not defaults[name]:
             raise unsupported(name, value, " (the ids are those the generating routes feed)")
-        if name not in known and name not in _DEFAULT_ONLY:
+        if name not in known and name not in defaults:
             raise APIError(400, f"Unrecognized request argument supplied: {name}", name, "unrecognized_argument")
     model = body.get("model")                     # optional here, as in vLLM; checked when given
     if model is not None:
@@ -42,7 +50,7 @@ def tokenize(body, gen, limits: Limits) -> dict:
     if "prompt" in body:
         if "tools" in body or "tool_choice" in body or "chat_template_kwargs" in body:
             raise invalid("'tools', 'tool_choice' and 'chat_template_kwargs' go with 'messages'", "prompt")
-        ids = [] if body["prompt"] == "" else prompt_ids_of(body, gen)
+        ids = prompt_ids_of(body, gen)
     else:
         ids = chat_ids(body, gen, limits, requested_tools(body, gen))
     strs = body.get("return_token_strs")
@@ -60,5 +68,5 @@ def detokenize(body, gen, limits: Limits) -> dict:
     try:
         ids = token_ids(tokens, gen.vocab_size)
     except OptionError as err:
-        raise invalid(str(err), "tokens") from None
+        raise invalid(str(err).replace("prompt ids", "'tokens'"), "tokens") from None
     return {"prompt": gen.tokenizer.decode(ids, skip_special_tokens=False)}

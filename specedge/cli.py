@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from specedge.errors import OptionError, SpecedgeError
+from specedge.errors import NoDraftModel, OptionError, SpecedgeError
 from specedge.interrupts import InterruptWatch
 
 EXIT_USAGE, EXIT_FAILURE, EXIT_INTERRUPTED = 2, 1, 130
@@ -123,7 +123,8 @@ def _response_format(value: str | None) -> dict | None:
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @click.option("--response-format", default=None, metavar="json|SCHEMA.json",
-              help="Structured output: any JSON object (json), or JSON that a JSON schema file describes.")
+              help="Structured output: any JSON object (json), or JSON that a JSON schema file describes "
+                   "(with --chat on a thinking template: after the </think>).")
 @threads_option
 @backend_option
 @gpu_options
@@ -258,7 +259,10 @@ def bench(bundle, prompts_file, policies, batches, max_new_tokens, temperature, 
         bar = "#" * (width * done // total) + "." * (width - width * done // total)
         click.echo(f"\r[{bar}] {done}/{total} {label:<60}", err=True, nl=done == total)
 
-    check_prompts_fit(gen, prompts if sizes == [1] else prompts[:workload_size(sizes)])      # the ones that run
+    short = check_prompts_fit(gen, prompts if sizes == [1] else prompts[:workload_size(sizes)],   # the ones that
+                              max_new_tokens)                                                       # run
+    if short:
+        click.echo(f"warning: {short}", err=True)
     if sizes == [1]:
         results = run_bench(gen, prompts, names, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                             repeat=repeat, progress=progress)
@@ -420,7 +424,8 @@ def _report(err: BaseException, interrupted: bool) -> int:
         click.echo(f"specedge: error: {_one_line(err.format_message())}", err=True)
         return EXIT_USAGE
     if isinstance(err, OptionError):
-        click.echo(f"specedge: error: {_one_line(str(err))}", err=True)
+        text = err.worded("--policy target", "--drafter ngram") if isinstance(err, NoDraftModel) else str(err)
+        click.echo(f"specedge: error: {_one_line(text)}", err=True)
         return EXIT_USAGE
     if isinstance(err, SpecedgeError):
         click.echo(f"specedge: error: {_one_line(str(err))}", err=True)

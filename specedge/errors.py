@@ -15,3 +15,16 @@ class ExportError(SpecedgeError):
 
 class OptionError(SpecedgeError):
     """An invalid generation option (a usage error on the command line)."""
+
+
+class NoDraftModel(OptionError):
+    """Drafting asked of a bundle that has no draft model. Each front end words the way out in its own terms
+    (worded): the Python API's options here, the CLI's flags, the server's request fields."""
+
+    def __init__(self, drafter: str):
+        self.drafter = drafter
+        super().__init__(self.worded("use_draft=False", "drafter='ngram'"))
+
+    def worded(self, target_alone: str, prompt_lookup: str) -> str:
+        return (f"this bundle has no draft model (drafter '{self.drafter}' needs one); run the target alone "
+                f"({target_alone}), or draft by prompt lookup ({prompt_lookup})")

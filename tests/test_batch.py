@@ -112,12 +112,25 @@ def test_cancelling_a_stream_frees_its_slot(batch_bundles):
 
 
 def test_closing_the_iterator_cancels(batch_bundles):
+    """close() and a with block's end cancel and wait for the step boundary, so the result is there after them
+    (README: `stream.result.stats`); cancel() returns at once (any thread may call it), and wait() has it."""
     gen = load(batch_bundles["qwen2"], max_batch=1, max_queue=0)
     stream = gen.stream(PROMPTS[0], max_new_tokens=200, ignore_eos=True)
     for _ in stream:
         break
     stream.close()
-    assert stream.wait().stats.stop_reason == "cancelled"
+    assert stream.result.stats.stop_reason == "cancelled" and stream.wait() is stream.result
+    with gen.stream(PROMPTS[1], max_new_tokens=200, ignore_eos=True) as inside:
+        next(inside)
+    assert inside.result.stats.stop_reason == "cancelled" and len(inside.result.tokens) < 200
+    with pytest.raises(KeyError), gen.stream(PROMPTS[1], max_new_tokens=200, ignore_eos=True) as failing:
+        next(failing)
+        raise KeyError("the caller's own error leaves at once")
+    assert failing.result is None and failing.wait().stats.stop_reason == "cancelled"
+    cancelled = gen.stream(PROMPTS[2], max_new_tokens=200, ignore_eos=True)
+    next(cancelled)
+    cancelled.cancel()
+    assert cancelled.result is None and cancelled.wait().stats.stop_reason == "cancelled"
     assert len(gen.generate(PROMPTS[1], max_new_tokens=4, ignore_eos=True).tokens) == 4
 
 

@@ -128,6 +128,28 @@ def test_bench_rejects_bad_input(good_bundle, tmp_path, capsys):
     assert "fixed:99" in capsys.readouterr().err
 
 
+def test_bench_says_when_a_prompt_leaves_room_for_fewer_tokens_than_asked(good_bundle, tmp_path, capsys):
+    """The bundle's max_seq_len (256) ends a run early: every policy's alike, so the comparison holds, but the
+    user is told, with the room the longest prompt leaves, which is what its runs then generate."""
+    gen = load(good_bundle)
+    long = "def f(x): return x\n" * 200
+    while len(gen.encode(long)) > 220:
+        long = long[:-10]
+    room = 256 - len(gen.encode(long)) + 1
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "def f(x):"}) + "\n" + json.dumps({"prompt": long}) + "\n")
+    assert main(["bench", str(good_bundle), "--prompts", str(prompts), "--max-new-tokens", str(room + 9),
+                 "--policies", "fixed:2", "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: 1 of 2 prompts leave room for fewer than --max-new-tokens {room + 9} (the least: prompt 2, " \
+           f"{room}); their runs stop at the bundle's max_seq_len 256" in err
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [len(r["tokens"]) for r in results["policies"]["fixed:2"]["requests"]] == [room + 9, room]
+    assert main(["bench", str(good_bundle), "--prompts", str(prompts), "--max-new-tokens", str(room),
+                 "--policies", "fixed:2", "--out", str(tmp_path / "out")]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_bench_sampled_run_reports_no_identity(good_bundle):
     gen = load(good_bundle)
     results = run_bench(gen, [{"prompt": "ab"}], ["fixed:2"], max_new_tokens=10, temperature=0.8, seed=1)

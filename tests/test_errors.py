@@ -156,9 +156,15 @@ def test_export_cli_errors(capsys, sources, tmp_path):
     assert code == 2 and "--max-draft" in err
     (tmp_path / "notabundle").mkdir()
     (tmp_path / "notabundle" / "notes.txt").write_text("mine")
-    code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none",
-                        "--out", str(tmp_path / "notabundle"), "--force")
-    assert code == 1 and "not a bundle" in err and (tmp_path / "notabundle" / "notes.txt").read_text() == "mine"
+    for force in ((), ("--force",)):              # without --force too: no hint to pass the flag that will refuse
+        code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none",
+                            "--out", str(tmp_path / "notabundle"), *force)
+        assert code == 1 and "not a bundle" in err and "--force" not in err
+        assert (tmp_path / "notabundle" / "notes.txt").read_text() == "mine"
+    (tmp_path / "abundle").mkdir()
+    (tmp_path / "abundle" / "manifest.json").write_text("{}")
+    code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(tmp_path / "abundle"))
+    assert code == 1 and "already holds a bundle (pass --force" in err
     (tmp_path / "afile").write_text("x")
     for out, expected in ((tmp_path / "afile", 2), (tmp_path / "afile" / "sub", 1)):   # no folder can be made there
         code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(out))
@@ -176,9 +182,22 @@ def test_target_only_bundle_refuses_speculation(sources, tmp_path, capsys):
     out = export_bundle(str(target), None, tmp_path / "solo", max_seq_len=64, progress=None)
     assert load(out).generate("ab", max_new_tokens=5, k=0).stats.new_tokens >= 1
     assert load(out).generate("ab", max_new_tokens=5).stats.n_drafted == 0      # no k given: target alone
-    with pytest.raises(OptionError, match="no draft model"):
+    # the way out, in the terms of whoever asked: the Python API's options, the CLI's flags, the server's fields
+    with pytest.raises(OptionError, match=r"no draft model .*use_draft=False.*drafter='ngram'"):
         load(out).generate("ab", max_new_tokens=5, k=4)
     code, err = run_cli(capsys, "generate", str(out), "--prompt", "ab", "--k", "4")
-    assert code == 2 and "no draft model" in err
+    assert code == 2 and "no draft model" in err and "--policy target" in err and "--drafter ngram" in err
+    code, err = run_cli(capsys, "serve", str(out), "--policy", "adaptive", "--drafter", "hybrid")
+    assert code == 2 and "drafter 'hybrid' needs one" in err and "--policy target" in err and "_" not in err
+    import httpx
+    from serve_helpers import MODEL, running
+
+    with running(out, max_batch=1, policy="target") as (srv, _):
+        post = lambda body: httpx.post(srv.url + "/completions", json={"model": MODEL, "prompt": "ab", **body})  # noqa: E731
+        answer = post({"max_tokens": 2, "speculation": {"policy": "adaptive"}})
+        error = answer.json()["error"]
+        assert answer.status_code == 400 and error["param"] == "speculation", error
+        assert '"speculation": "off"' in error["message"] and "--" not in error["message"]
+        assert post({"max_tokens": 2}).status_code == 200
     assert main(["generate", str(out), "--prompt", "ab", "--max-new-tokens", "3"]) == 0    # no --k: target alone
     assert "the target runs alone" in capsys.readouterr().err

@@ -155,6 +155,20 @@ def test_a_conversation_s_next_turn_reports_its_cached_prompt_tokens(server):
     assert fresh.choices[0].message.content == text
 
 
+def test_the_served_name_is_the_bundle_folder_as_typed(tmp_path, monkeypatch):
+    """A symlinked bundle is served under the link's name (the name its user chose), "." under the folder's own."""
+    from specedge.serve.engine import EngineConfig
+
+    real = tmp_path / "qwen2.5-coder-int4-std"
+    real.mkdir()
+    (tmp_path / "int4-std").symlink_to(real)
+    assert EngineConfig(bundle=str(tmp_path / "int4-std")).model_name == "int4-std"
+    assert EngineConfig(bundle=str(tmp_path / "int4-std") + "/").model_name == "int4-std"
+    monkeypatch.chdir(real)
+    assert EngineConfig(bundle=".").model_name == "qwen2.5-coder-int4-std"
+    assert EngineConfig(bundle=".", served_model_name="coder").model_name == "coder"
+
+
 def test_serve_without_the_prompt_cache(bundle):
     from specedge.serve.engine import EngineConfig, load_engine
 
@@ -354,6 +368,12 @@ def test_n_choices_that_all_time_out_before_a_token_are_a_503_streamed_or_not(bu
         assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "timeout"
         assert not [e for e in events[:-2] if e["choices"][0]["finish_reason"] is not None]
         assert wait_idle(srv)["running"] == 0
+        # echo: the prompt would come with a choice's first chunk or its end; neither may precede the error
+        with httpx.stream("POST", srv.url + "/completions", timeout=30,
+                          json={**body, "stream": True, "echo": True}) as response:
+            events = sse_events(response.iter_lines())
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "timeout" and len(events) == 2
+        assert wait_idle(srv)["running"] == 0
 
 
 def test_greedy_output_equals_specedge_generate_while_other_requests_run(server, bundle, capsys):
@@ -422,7 +442,14 @@ def test_four_hundreds_are_in_openai_shape_and_the_server_goes_on(server):
                          "messages[0].content"),
                         ({**chat, "messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
                         ({**chat, "chat_template_kwargs": ["x"]}, "chat_template_kwargs"),
-                        ({**chat, "chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs")]:
+                        ({**chat, "chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
+                        # bookkeeping fields without effect, still type-checked as OpenAI's API does
+                        ({**chat, "user": 7}, "user"), ({**chat, "metadata": "x"}, "metadata"),
+                        ({**chat, "metadata": {"k": 1}}, "metadata"),
+                        ({**chat, "metadata": {str(i): "v" for i in range(17)}}, "metadata"),
+                        ({**chat, "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+                        ({**chat, "safety_identifier": ["a"]}, "safety_identifier"),
+                        ({**chat, "prompt_cache_key": 1}, "prompt_cache_key")]:
         assert_openai_error(post(srv, "/chat/completions", body), 400, param)
     # a lone surrogate is valid JSON but not text: a 400 naming the field, not a 500 from the tokenizer
     for path, body, param in [("/completions", b'{"model": "%s", "prompt": "\\ud800"}', "prompt"),
@@ -446,7 +473,8 @@ def test_four_hundreds_are_in_openai_shape_and_the_server_goes_on(server):
     ok = post(srv, "/chat/completions", {**chat, "logprobs": False, "tools": [], "tool_choice": "none",
                                          "response_format": {"type": "text"}, "max_completion_tokens": 2,
                                          "stream": False, "store": False, "parallel_tool_calls": True,
-                                         "chat_template_kwargs": {"enable_thinking": False}})
+                                         "chat_template_kwargs": {"enable_thinking": False}, "metadata": {"a": "b"},
+                                         "safety_identifier": "u1", "prompt_cache_key": "k", "user": None})
     assert ok.status_code == 200, ok.text
     assert health(srv)["status"] == "ok"
 
@@ -463,6 +491,10 @@ def test_a_request_past_its_timeout_ends_with_what_it_has(bundle):
                                              extra_body={"ignore_eos": True, "timeout": 0.6, "speculation": "off"})
         assert out.choices[0].finish_reason == "length" and 0 < out.usage.completion_tokens < 200
         assert out.model_extra["speculation"]["stop_reason"] == "timeout"
+        assert wait_idle(srv)["running"] == 0
+        for _ in range(3):          # idle, with a deadline past before any token can be made: a 503 every time
+            err = assert_openai_error(post(srv, "/completions", {**body, "timeout": 1e-9}), 503)
+            assert err["code"] == "timeout" and "busy" not in err["message"]
         assert wait_idle(srv)["running"] == 0
 
 

@@ -89,6 +89,27 @@ def test_a_deadline_cancels_and_the_final_result_still_comes(gen):
     assert len(req.tokens) < 200
 
 
+def test_tokens_made_after_the_deadline_are_the_timeout_however_soon_they_are_read(gen):
+    """A reader that comes late finds tokens queued: those made before the deadline count (the slow-reader test in
+    test_concurrency_faults.py), those made after it do not, so a deadline already past at the first token is a
+    timeout with no token every time, not only when the loop happened to look first."""
+    slow_down(gen, 0.05)
+
+    async def main():
+        req = Bridge(gen).open(gen.encode(PROMPT), timeout=0.01, max_new_tokens=3, ignore_eos=True)
+        end = time.monotonic() + 10
+        while req.outbox.queue.empty() or req.outbox.queue._queue[-1][1][0] != "done":   # every event made, none
+            assert time.monotonic() < end                                               # read yet
+            await asyncio.sleep(0.01)
+        with pytest.raises(RequestTimeout):
+            await req.wait()
+        return req, await req.settle()
+
+    req, result = asyncio.run(main())
+    assert req.timed_out and req.tokens == [] and req.first_token_at is None
+    assert result is not None and len(result.tokens) == 3        # the runtime's result still comes
+
+
 def test_a_failing_step_is_an_error_for_its_request_only(gen):
     run, calls = gen.target.run, []
 

@@ -50,15 +50,25 @@ def load_prompts(path: str | None) -> list[dict]:
     return rows
 
 
-def check_prompts_fit(gen, prompts: list[dict]) -> None:
+def check_prompts_fit(gen, prompts: list[dict], max_new_tokens: int) -> str | None:
     """Every prompt encodes and leaves room in the bundle, checked before the first is run (a bundle with a short
-    max_seq_len otherwise fails part-way through a benchmark)."""
+    max_seq_len otherwise fails part-way through a benchmark). -> a warning when some prompt leaves room for fewer
+    than max_new_tokens (its runs, every policy's alike, stop at the end of the KV buffer), else None."""
+    short = []                                                  # (room, prompt number)
     for n, row in enumerate(prompts, 1):
         size = len(gen.encode(row["prompt"], row.get("chat", False), row.get("suffix")))
         if size >= gen.max_seq_len:
             raise OptionError(f"prompt {n} has {size} tokens; the bundle's max_seq_len {gen.max_seq_len} leaves no "
                               "room to generate (pass shorter prompts with --prompts, or export with a longer "
                               "--max-seq-len)")
+        room = gen.max_seq_len - size + 1              # the last token generated needs no KV row
+        if room < max_new_tokens:
+            short.append((room, n))
+    if not short:
+        return None
+    room, n = min(short)
+    return (f"{len(short)} of {len(prompts)} prompts leave room for fewer than --max-new-tokens {max_new_tokens} "
+            f"(the least: prompt {n}, {room}); their runs stop at the bundle's max_seq_len {gen.max_seq_len}")
 
 
 def prepare_out(out: Path) -> Path:

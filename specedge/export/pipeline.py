@@ -138,10 +138,11 @@ def _validate(out: Path, max_seq_len: int, max_draft: int, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} exists and is not a folder")
     empty = out.is_dir() and not any(out.iterdir())
-    if out.exists() and not empty and not force:
-        raise ExportError(f"{out} already exists (pass --force to replace it)")
+    # only a bundle is ever replaced (--force): a folder of anything else is the user's, and is never offered
     if out.exists() and not empty and not (out / MANIFEST).exists():
-        raise ExportError(f"{out} exists and is not a bundle; refusing to replace it")
+        raise ExportError(f"{out} exists and is not a bundle; choose another --out (export never replaces it)")
+    if out.exists() and not empty and not force:
+        raise ExportError(f"{out} already holds a bundle (pass --force to replace it)")
     if max_seq_len < MIN_SEQ_LEN:
         raise ExportError(f"--max-seq-len must be at least {MIN_SEQ_LEN}, got {max_seq_len}")
     if not 1 <= max_draft <= MAX_DRAFT_LIMIT:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from specedge.errors import BundleError, OptionError, SpecedgeError
+from specedge.errors import BundleError, NoDraftModel, OptionError, SpecedgeError
 from specedge.runtime.backends import choose_backend, open_backend
 from specedge.runtime.backends.base import decode_width
 from specedge.runtime.backends.cpu import spinning_mode
@@ -257,10 +257,7 @@ class Generator:
             opts = replace(opts, k=0)         # a target-only bundle runs the target alone unless asked to draft
         spec = self._policy_spec(opts)
         if spec != "target" and opts.drafter in ("model", "hybrid") and self.draft is None:
-            if opts.policy is None:
-                raise OptionError("this bundle has no draft model; use --no-draft (k=0), or --drafter ngram")
-            raise OptionError(f"drafter '{opts.drafter}' needs a draft model and this bundle has none; "
-                              "use --no-draft or --drafter ngram")
+            raise NoDraftModel(opts.drafter)
         return opts
 
     # -- internals ----------------------------------------------------------------------------

@@ -27,9 +27,10 @@ class TokenLogprob:
 def token_logprobs(logits: np.ndarray, tokens: list[int], top: int) -> list[TokenLogprob]:
     """logits [n, V] (row i: the distribution token i was chosen from), tokens [n] -> one TokenLogprob each.
 
-    The values are those of a float64 log-softmax, bit for bit, but only the tokens asked for are computed: a
-    prefill chunk that scores a prompt passes 64 rows of 151,936 logits, and widening all of them (then selecting
-    the top among float64 rows) cost several times the arithmetic itself."""
+    The values are those of a float64 log-softmax, bit for bit: each row's normaliser is a float64 sum (exp of the
+    row less its peak, which widens the row once), but the log-probabilities themselves, and the top's selection
+    (one partition of the float32 rows), touch only the tokens asked for. A prefill chunk that scores a prompt
+    passes 64 rows of 151,936 logits; a whole float64 log-softmax, then a sort of it, cost several times this."""
     x = np.asarray(logits[: len(tokens)])
     if x.dtype not in (np.float32, np.float64):
         x = x.astype(np.float32)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import queue
 
+from specedge.errors import SpecedgeError
 from specedge.runtime.sequences import GenerationResult, Sequence
 
 
 class Stream:
     """Iterate for text pieces as tokens are committed; `result` holds the GenerationResult once it ends.
-    `cancel()` (or `close()`, or leaving a `with` block, or dropping the iterator early) ends the request:
-    its slot is free at the next step boundary, and the result's stop_reason is "cancelled"."""
+    `cancel()` (from any thread), `close()`, leaving a `with` block or dropping the iterator early ends the request:
+    its slot is free at the next step boundary, and the result's stop_reason is "cancelled". close() and a `with`
+    block's end (the iterating thread's calls) also wait for that boundary, so `result` is there after them; after
+    cancel(), `wait()` returns it."""
 
     def __init__(self, seq: Sequence, scheduler):
         self._seq, self._scheduler = seq, scheduler
@@ -61,16 +64,26 @@ class Stream:
         return self.result
 
     def cancel(self) -> None:
+        """Ends the request at the next step boundary; returns at once (safe from any thread)."""
         self._seq.cancelled.set()
 
-    close = cancel
+    def close(self) -> None:
+        """Cancels and waits for the final result (at most one step): from the thread that iterates."""
+        if self.result is None and self._error is None:
+            self.cancel()
+            try:
+                self.wait()
+            except SpecedgeError:          # the request failed first: raised again to whoever iterates
+                pass
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self.result is None and self._error is None:
-            self.cancel()
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+        elif self.result is None and self._error is None:
+            self.cancel()                   # an exception is on its way out: no waiting for the step
 
     def __del__(self):
         if self.result is None and not self._seq.done:

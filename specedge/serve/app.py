@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from specedge.errors import OptionError, SpecedgeError
+from specedge.errors import NoDraftModel, OptionError, SpecedgeError
 from specedge.runtime.scheduler import QueueFull
 from specedge.runtime.stats import GenerationStats
 from specedge.runtime.reasoning import ReasoningStream
@@ -181,6 +181,9 @@ class Service:
             return self.bridge.open(req.prompt_ids, timeout=req.timeout, **protocol.choice_options(req, index))
         except QueueFull as err:
             raise _busy(str(err)) from None
+        except NoDraftModel as err:
+            raise invalid(err.worded('"speculation": "off"', '"speculation": {"drafter": "ngram"}'),
+                          "speculation") from None
         except OptionError as err:
             text = str(err)
             param = ("speculation.drafter" if "drafter" in text else
@@ -362,9 +365,9 @@ class Service:
                             if finished == len(handles):    # the last choice's end: the stats come with it
                                 final = event
                                 continue
-                            if _ended_empty(handles[choice["index"]], outcomes[choice["index"]]):
-                                held.append(event)          # until it is known whether every choice did
-                                continue
+                        if _ended_empty(handles[choice["index"]], outcomes[choice["index"]]):
+                            held.append(event)              # its end (and echo's prompt): until it is known
+                            continue                        # whether every choice did
                         yield _event(event)
                 if _all_timed_out(handles, outcomes):     # as unstreamed: nothing came, so no choice is an answer
                     raise _timed_out(req.timeout)
@@ -465,7 +468,7 @@ def _busy(why: str) -> APIError:
 
 
 def _timed_out(seconds: float) -> APIError:
-    return APIError(503, f"the request timed out after {seconds:g} s before its first token (the server is busy)",
+    return APIError(503, f"the request reached its timeout of {seconds:g} s before its first token",
                     None, "timeout", {"Retry-After": str(RETRY_AFTER_S)})
 
 

@@ -20,19 +20,21 @@ class RequestTimeout(Exception):
     """The request ran past its deadline; it was cancelled (its slot freed at the next step)."""
 
     def __init__(self, seconds: float, tokens: list[int], text: str):
-        super().__init__(f"the request timed out after {seconds:g} s")
+        super().__init__(f"the request reached its timeout of {seconds:g} s")
         self.seconds, self.tokens, self.text = seconds, tokens, text
 
 
 class _LoopOutbox:
-    """The sequence's outbox: events put on the worker thread land in an asyncio.Queue on the loop."""
+    """The sequence's outbox: events put on the worker thread land in an asyncio.Queue on the loop, each as
+    (perf_counter when it was put, event): whether it came before the request's deadline is decided by when the
+    worker made it, not by when the loop got round to reading it."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop, self.queue = loop, asyncio.Queue()
 
     def put(self, event) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (time.perf_counter(), event))
         except RuntimeError:            # the loop is closed: nobody is listening any more
             pass
 
@@ -69,9 +71,13 @@ class Request:
                 timeout = None if self.deadline is None else max(0.0, self.deadline - time.perf_counter())
                 try:
                     # what already arrived is read first: a slow reader past the deadline still gets a request that
-                    # finished in time (wait_for with no time left may not take an item that is already queued)
+                    # finished in time (wait_for with no time left may not take an item that is already queued);
+                    # text made after the deadline is the timeout, however soon it was read (the end that follows
+                    # text made in time is not: settle() reads on to it)
                     item = self.outbox.queue.get_nowait() if not self.outbox.queue.empty() else None
-                    kind, *payload = item or await asyncio.wait_for(self.outbox.queue.get(), timeout)
+                    made, (kind, *payload) = item or await asyncio.wait_for(self.outbox.queue.get(), timeout)
+                    if kind == "text" and self.deadline is not None and made > self.deadline:
+                        raise TimeoutError
                 except (asyncio.TimeoutError, TimeoutError):
                     self.timed_out = True
                     self.cancel()
@@ -103,7 +109,8 @@ class Request:
         end = time.perf_counter() + grace
         while True:
             try:
-                kind, *payload = await asyncio.wait_for(self.outbox.queue.get(), max(0.0, end - time.perf_counter()))
+                _, (kind, *payload) = await asyncio.wait_for(self.outbox.queue.get(),
+                                                             max(0.0, end - time.perf_counter()))
             except (asyncio.TimeoutError, TimeoutError):
                 return None
             if kind == "done":

@@ -5,6 +5,7 @@ every Ray Serve replica (ray_app.py) serve exactly the same thing from the same 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +42,8 @@ class EngineConfig:
 
     @property
     def model_name(self) -> str:
-        return self.served_model_name or Path(self.bundle).resolve().name
+        # the folder's name as typed (a symlink's own, not its target's); abspath only so that "." has a name
+        return self.served_model_name or Path(os.path.abspath(self.bundle)).name
 
 
 def load_engine(config: EngineConfig):

@@ -150,13 +150,32 @@ def _logprobs(body: dict, kind: str) -> int | None:
 
 def _check_parameters(body: dict, kind: str) -> None:
     for name in body:
-        if name in _HONOURED[kind] or name in _METADATA:
+        if name in _METADATA:
+            _check_metadata(body, name)
+            continue
+        if name in _HONOURED[kind]:
             continue
         if name in _DEFAULT_ONLY[kind]:
             if body[name] not in _DEFAULT_ONLY[kind][name]:
                 raise unsupported(name, body[name], _WHY.get(name, ""))
             continue
         raise APIError(400, f"Unrecognized request argument supplied: {name}", name, "unrecognized_argument")
+
+
+def _check_metadata(body: dict, name: str) -> None:
+    """The bookkeeping fields have no effect here, but a wrong type is still the 400 OpenAI's API answers."""
+    value = body[name]
+    if value is None:
+        return
+    if name == "parallel_tool_calls":
+        _bool(body, name)
+    elif name == "metadata":
+        if not isinstance(value, dict) or len(value) > 16 or not all(
+                isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in value.items()):
+            raise invalid("'metadata' must be an object of at most 16 string values (keys up to 64 characters, "
+                          "values up to 512)", name)
+    elif not isinstance(value, str):
+        raise invalid(f"'{name}' must be a string, got {value!r}", name)
 
 
 def _logit_bias(body: dict, vocab_size: int) -> dict | None:

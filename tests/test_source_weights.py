@@ -75,6 +75,43 @@ def test_the_checkpoint_read_is_the_one_transformers_loads(tmp_path):
     assert torch.equal(weights.tensor("model.norm.weight"), _float32_load(sharded).model.norm.weight)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_bin_checkpoint_is_read_a_tensor_at_a_time_as_transformers_loads_it(tmp_path, arch, monkeypatch):
+    """PyTorch .bin files (one, or shards an index names), memory-mapped: the same float32 tensors as transformers'
+    load, so the same graph and check; an export from them never loads the model with transformers."""
+    import json
+
+    single, sharded = tmp_path / "single", tmp_path / "sharded"
+    tm.save(tm.make_model(arch, 260, seed=3).to(torch.bfloat16), tm.byte_tokenizer(), single)
+    stored = load_file(single / "model.safetensors")       # what transformers 5 saves; .bin as older ones did
+    (single / "model.safetensors").unlink()
+    torch.save(stored, single / "pytorch_model.bin")
+    sharded.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (sharded / name).write_bytes((single / name).read_bytes())
+    names, weight_map = sorted(stored), {}
+    for i in range(3):
+        shard = f"pytorch_model-{i + 1:05d}-of-00003.bin"
+        torch.save({n: stored[n] for n in names[i::3]}, sharded / shard)
+        weight_map.update({n: shard for n in names[i::3]})
+    (sharded / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    for folder in (single, sharded):
+        _, skeleton, weights = _opened(folder)
+        files = len(list(folder.glob("*.bin")))
+        assert weights.how == f"read a tensor at a time from {files} .bin file{'s' * (files > 1)} (memory-mapped)"
+        state = _float32_load(folder).state_dict()
+        assert sorted(weights.names) == sorted(state)
+        assert all(torch.equal(weights.tensor(name), state[name]) for name in state)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("from_pretrained loaded the whole model")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    lines = []
+    export_bundle(str(sharded), None, tmp_path / "b", max_seq_len=64, max_draft=4, progress=lines.append)
+    assert any("(memory-mapped)" in line for line in lines)
+
+
 def test_eos_ids_come_from_where_transformers_takes_them(tmp_path):
     import json
 

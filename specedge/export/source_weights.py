@@ -2,9 +2,11 @@
 
 A safetensors checkpoint whose tensor names and shapes are the model's own (what transformers saves, what the hub
 serves for the architectures specedge exports) is read straight from its files a tensor at a time, so export
-memory no longer grows with the model: a 7B target no longer needs ~30 GB. A GGUF file is dequantized a tensor
-at a time. Anything else (a .bin checkpoint, legacy tensor names, an image-and-text checkpoint) is loaded by
-transformers in float32, as before, and read from that model.
+memory no longer grows with the model: a 7B target no longer needs ~30 GB. A folder with PyTorch .bin files
+instead (and no safetensors) is read the same way, its files memory-mapped (torch.load's mmap, weights only).
+A GGUF file is dequantized a tensor at a time. Anything else (legacy tensor names, an image-and-text checkpoint,
+a .bin in torch's pre-1.6 format, a hub id without safetensors) is loaded by transformers in float32, as before,
+and read from that model.
 
 Every tensor is handed out in float32: bf16 and fp16 widen exactly, so the graph's weights and the reference the
 graph is checked against equal those of a float32 load bit for bit.
@@ -23,6 +25,7 @@ from specedge.errors import ExportError
 
 # what transformers loads from a hub repo: not, say, Mistral's consolidated.safetensors or an adapter beside it
 SAFETENSORS_PATTERNS = ["model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors"]
+BIN_FILE, BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"   # transformers' names, when no safetensors
 
 
 @dataclass
@@ -58,7 +61,8 @@ class _Stored:
 
 def open_weights(source, skeleton) -> SourceWeights:
     """skeleton: the source's model with its parameters on the meta device (reference_model.skeleton)."""
-    stored = _gguf_tensors(source, skeleton) if source.kind == "gguf" else _safetensors_tensors(source)
+    stored = _gguf_tensors(source, skeleton) if source.kind == "gguf" else \
+        _safetensors_tensors(source) or _bin_tensors(source)
     streamed = _streamed(stored, skeleton) if stored else None
     if streamed is not None:
         return streamed
@@ -111,6 +115,29 @@ def _safetensors_tensors(source) -> _Stored | None:
                for handle in handles for name in handle.keys()}  # noqa: SIM118 - safe_open has keys(), no iteration
     count = f"{len(handles)} safetensors file{'s' if len(handles) != 1 else ''}"
     return _Stored(tensors, f"read a tensor at a time from {count}", handles, others_ignored=False)
+
+
+def _bin_tensors(source) -> _Stored | None:
+    """A local folder's PyTorch checkpoint, as transformers picks it where there is no safetensors: pytorch_model.bin,
+    else the shards its index names. Each file memory-mapped (weights only: no code in a pickle runs), so a tensor
+    is read from the file when asked for, as safetensors' are."""
+    import torch
+
+    if source.text_of or source.kind != "hf-folder":
+        return None
+    folder = Path(source.where)
+    index = folder / BIN_INDEX
+    try:
+        names = [BIN_FILE] if (folder / BIN_FILE).exists() else \
+            sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else []
+        states = [torch.load(folder / name, map_location="cpu", mmap=True, weights_only=True) for name in names]
+    except Exception:  # noqa: BLE001 - an old (pre-zip) or corrupt file: transformers' load says what it can
+        return None
+    if not states:
+        return None
+    tensors = {name: (tuple(tensor.shape), lambda t=tensor: t) for state in states for name, tensor in state.items()}
+    count = f"{len(states)} .bin file{'s' if len(states) != 1 else ''}"
+    return _Stored(tensors, f"read a tensor at a time from {count} (memory-mapped)", states, others_ignored=False)
 
 
 def _gguf_tensors(source, skeleton) -> _Stored | None:

@@ -161,6 +161,59 @@ def test_a_nested_call_from_on_token_is_an_error_not_a_hang(bundle, background):
     gen.close()
 
 
+@pytest.mark.parametrize("background", [False, True])
+def test_a_stop_button_thread_cancels_and_waits_while_another_iterates(bundle, background):
+    """A UI's reading thread iterates; a Stop button's thread calls cancel() then wait(): both return, with one
+    result, and every token is counted once (a second reader used to wait forever for the end the first took)."""
+    gen = load(bundle, max_batch=2, threads=1, background=background)
+    for _ in range(3):
+        stream = gen.stream("hello", max_new_tokens=200, ignore_eos=True, k=3)
+        pieces, results, started = [], [], threading.Event()
+
+        def read():
+            for piece in stream:
+                pieces.append(piece)
+                started.set()
+
+        def stop():
+            started.wait(10)
+            stream.cancel()
+            results.append(stream.wait())
+
+        threads = [threading.Thread(target=read), threading.Thread(target=stop)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert not any(t.is_alive() for t in threads), "a thread waits for an end another one read"
+        assert results == [stream.result] and stream.result.stats.stop_reason == "cancelled"
+        assert stream.tokens == stream.result.tokens and len(stream.tokens) < 200
+    gen.close()
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_closing_or_reading_a_stream_from_its_own_callback_does_not_hang(bundle, background):
+    """close() inside on_token only cancels (the step it would wait for is the one running it); reading the stream
+    there is a clear error."""
+    gen = load(bundle, max_batch=2, threads=1, background=background)
+    box, errors = [], []
+
+    def on_token(ids, piece):
+        if not box:
+            return
+        try:
+            next(box[0])
+        except SpecedgeError as err:
+            errors.append(str(err))
+        box[0].close()
+
+    stream = gen.stream("abc", max_new_tokens=100, ignore_eos=True, on_token=on_token)
+    box.append(stream)
+    assert stream.wait().stats.stop_reason == "cancelled" and len(stream.tokens) < 100
+    assert errors and "cannot be read from an on_token callback" in errors[0]
+    gen.close()
+
+
 def test_a_slow_reader_past_its_deadline_still_gets_a_request_that_finished_in_time(bundle):
     pytest.importorskip("starlette")
     from specedge.serve.bridge import Bridge

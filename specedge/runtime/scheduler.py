@@ -55,7 +55,7 @@ class Scheduler:
 
     # -- callers' side --------------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
-        if getattr(self._inside, "step", False):
+        if self.in_step():
             # the driving thread holds `drive` (or is the worker): a request made here would wait on itself
             raise SpecedgeError("generate/stream cannot be called from an on_token callback (it runs inside a step)")
         with self.wake:
@@ -63,6 +63,10 @@ class Scheduler:
                 raise QueueFull(f"the queue is full ({self.max_batch} running, {self.max_queue} waiting); retry later")
             self.waiting.append(seq)
             self.wake.notify()
+
+    def in_step(self) -> bool:
+        """Whether this thread is running an iteration (an on_token callback runs inside one)."""
+        return getattr(self._inside, "step", False)
 
     def live(self) -> int:
         """Sequences running or waiting. Cancelled ones no longer count: in caller-driven mode nobody retires them

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import threading
 
 from specedge.errors import SpecedgeError
 from specedge.runtime.sequences import GenerationResult, Sequence
@@ -21,6 +22,7 @@ class Stream:
         self.tokens: list[int] = []                 # ids received so far
         self.logprobs: list = []                    # their TokenLogprobs, when the request asked for them
         self._error: Exception | None = None
+        self._reading = threading.Lock()            # held while a thread reads the outbox (see __next__)
 
     def scored_prompt(self) -> list | None:
         """The prompt's TokenLogprobs (a request with prompt_logprobs) as far as its prefill has scored them, all of
@@ -32,6 +34,14 @@ class Stream:
         return self
 
     def __next__(self) -> str:
+        if self.result is None and self._error is None and self._scheduler.in_step():
+            # an on_token callback: the step it would wait for is the one running it
+            raise SpecedgeError("a stream cannot be read from an on_token callback (it runs inside a step); "
+                                "cancel() it there")
+        with self._reading:                              # one reader at a time: a thread that waits while another
+            return self._next_piece()                    # iterates finds the end it read, never waits for it
+
+    def _next_piece(self) -> str:
         if self._error is not None:                      # raised again to whoever asks again (wait() after a loop)
             raise self._error
         try:
@@ -58,7 +68,8 @@ class Stream:
         raise StopIteration
 
     def wait(self) -> GenerationResult:
-        """Drains the stream -> the result."""
+        """Drains the stream -> the result. Safe while another thread iterates (a Stop button's thread: cancel(),
+        then wait()): the pieces go to whichever thread reads first, and both see the end."""
         for _ in self:
             pass
         return self.result
@@ -68,9 +79,12 @@ class Stream:
         self._seq.cancelled.set()
 
     def close(self) -> None:
-        """Cancels and waits for the final result (at most one step): from the thread that iterates."""
+        """Cancels and waits for the final result (at most one step); inside an on_token callback it only cancels
+        (the step it would wait for is the one running)."""
         if self.result is None and self._error is None:
             self.cancel()
+            if self._scheduler.in_step():
+                return
             try:
                 self.wait()
             except SpecedgeError:          # the request failed first: raised again to whoever iterates

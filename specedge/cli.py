@@ -64,9 +64,10 @@ def cli():
               help="Quantization block size along K.")
 @click.option("--accuracy-level", default=4, show_default=True, type=click.IntRange(0, 4),
               help="MatMulNBits compute: 4 = int8 activations (fast, rows independent), 0 = float.")
-@click.option("--attention", default="gqa", show_default=True, type=click.Choice(["gqa", "standard"]),
+@click.option("--attention", default=None, type=click.Choice(["gqa", "standard"]),
               help="Step-graph attention: gqa = GroupQueryAttention in place, valid length only, one row per call; "
-                   "standard = standard ONNX ops (TensorScatter in place), batches of any size.")
+                   "standard = standard ONNX ops (TensorScatter in place), batches of any size, the GPU backends "
+                   "[default: gqa; standard with --dtype bf16].")
 @click.option("--quantize-embeddings/--no-quantize-embeddings", default=None,
               help="Quantize the embedding tables of quantized models too (GatherBlockQuantized) "
                    "[default: on with --quantize or --draft-quantize].")

@@ -25,7 +25,7 @@ def _export(workdir: Path, name: str, target, draft, tokenizer, **kw) -> Path:
     target_dir = tm.save(target, tokenizer, workdir / f"{name}-target")
     draft_dir = tm.save(draft, tokenizer, workdir / f"{name}-draft") if draft is not None else None
     return export_bundle(str(target_dir), str(draft_dir) if draft_dir else None, workdir / name,
-                         progress=None, **{"max_seq_len": 256, "max_draft": 8, **kw})
+                         **{"max_seq_len": 256, "max_draft": 8, "progress": None, **kw})
 
 
 @pytest.fixture(scope="session")

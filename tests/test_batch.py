@@ -173,6 +173,27 @@ def test_kv_per_slot_is_reported(batch_bundles):
     assert gen.target.keys[0].shape[0] == 3
 
 
+def test_a_max_batch_beyond_the_machine_s_memory_is_a_one_line_error(batch_bundles, monkeypatch, capsys, tmp_path):
+    """Not numpy's MemoryError traceback: the KV size asked for, a slot's, the machine's, and what to lower."""
+    import specedge.runtime.backends.cpu as cpu
+
+    gen = load(batch_bundles["qwen2"], max_batch=2)
+    slot = gen.kv_slot_bytes["target"]
+    with pytest.raises(OptionError, match=r"KV buffers for max_batch 10000000000 take .* GiB \(.* a slot\), more "
+                                          r"than this machine's .* of memory; lower --max-batch"):
+        load(batch_bundles["qwen2"], max_batch=10_000_000_000)
+    monkeypatch.setattr(cpu, "_physical_memory", lambda: None)            # a platform that does not say
+    monkeypatch.setattr(cpu.np, "zeros", lambda *a, **k: (_ for _ in ()).throw(MemoryError("no")))
+    with pytest.raises(OptionError, match=f"max_batch 3 take {3 * slot / 2**20:.1f} MiB .*could not be allocated"):
+        load(batch_bundles["qwen2"], max_batch=3)
+    monkeypatch.undo()
+    from specedge.cli import main
+
+    assert main(["bench", str(batch_bundles["qwen2"]), "--batch", "1,10000000000", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "KV buffers for max_batch 10000000000" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_unknown_and_unavailable_backends_are_one_line_errors(batch_bundles, monkeypatch):
     with pytest.raises(OptionError, match=r"unknown backend 'tpu' \(available: cpu\)"):
         load(batch_bundles["qwen2"], backend="tpu")

@@ -104,12 +104,21 @@ def test_an_unchecked_timing_export_says_so_and_runs(workdir):
     assert load(bundle).generate("def f(x):", max_new_tokens=4, ignore_eos=True, k=0).stats.new_tokens == 4
 
 
-@pytest.mark.parametrize("attention", ["gqa", "standard"])
-def test_gemma2_exports_in_bfloat16_with_its_soft_caps_in_float32(workdir, attention):
-    """The soft-caps' Tanh computes in float32 (as the rest of attention's and the logits' float32 islands)."""
-    out = _export(workdir, f"gemma2-bf16-{attention}", tm.make_model("gemma2", TARGET_ROWS, seed=1), None,
-                  tm.byte_tokenizer(), attention=attention, dtype="bf16", max_seq_len=64, max_draft=4)
-    assert _manifest(out)["dtype"] == "bfloat16"
+def test_gemma2_exports_in_bfloat16_with_its_soft_caps_in_float32(workdir):
+    """The soft-caps' Tanh computes in float32 (as the rest of attention's and the logits' float32 islands). No
+    --attention given: bf16 takes the standard graph, the one the backend that runs bf16 (cuda) runs; gqa, which no
+    backend would run in bf16, is refused."""
+    lines = []
+    out = _export(workdir, "gemma2-bf16", tm.make_model("gemma2", TARGET_ROWS, seed=1), None, tm.byte_tokenizer(),
+                  dtype="bf16", max_seq_len=64, max_draft=4, progress=lines.append)
+    manifest = _manifest(out)
+    assert manifest["dtype"] == "bfloat16"
+    assert manifest["models"]["target"]["graph_variant"] == "static-kv-standard-v1"
+    assert any(line.endswith("attention: standard (a bf16 bundle runs on the cuda backend, which runs standard "
+                             "graphs)") for line in lines)
+    with pytest.raises(ExportError, match="bf16 bundle runs on the cuda backend only .* drop --attention gqa"):
+        _export(workdir, "gemma2-bf16-gqa", tm.make_model("gemma2", TARGET_ROWS, seed=1), None, tm.byte_tokenizer(),
+                dtype="bf16", attention="gqa", max_seq_len=64, max_draft=4)
 
 
 def test_gemma_in_float16_is_refused_before_its_weights_load(workdir):

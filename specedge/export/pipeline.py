@@ -59,11 +59,11 @@ def default_tolerance(max_abs_logit: float, quantization: Quantization | None = 
 def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: int = 2048, max_draft: int = 8,
                   tolerance: float | None = None, force: bool = False, progress=print,
                   quantize: str | None = None, draft_quantize: str | None = None, block_size: int = 32,
-                  accuracy_level: int = 4, attention: str = DEFAULT_ATTENTION, quantize_embeddings: bool | None = None,
+                  accuracy_level: int = 4, attention: str | None = None, quantize_embeddings: bool | None = None,
                   dtype: str = "float32", check: bool = True) -> Path:
     """quantize: "none" | "int4" | "int8" for the target, and the draft unless draft_quantize says otherwise;
     attention: "gqa" (GroupQueryAttention, one row a call) | "standard" (standard ops, any batch; see
-    step_graph.py);
+    step_graph.py); None: gqa, or standard for bfloat16 (which only the cuda backend runs, on standard graphs);
     quantize_embeddings: the embedding tables of quantized models too (see StepGraph.embedding); None: on
     whenever a model is quantized (a decode step gathers one row either way, and the table shrinks ~7x at
     int4), False: fp32 tables;
@@ -76,8 +76,14 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
     dtype = DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in FLOAT_TYPES:
         raise ExportError(f"--dtype must be one of fp32, fp16, bf16, got '{dtype}'")
+    chosen = attention is None
+    if chosen:
+        attention = "standard" if dtype == "bfloat16" else DEFAULT_ATTENTION
     if attention not in ATTENTION_VARIANTS:
         raise ExportError(f"--attention must be one of {', '.join(ATTENTION_VARIANTS)}, got '{attention}'")
+    if dtype == "bfloat16" and attention == "gqa":
+        raise ExportError("a bf16 bundle runs on the cuda backend only (onnxruntime's CPU provider has no bfloat16 "
+                          "MatMul), which runs --attention standard graphs: drop --attention gqa")
     _validate(out, max_seq_len, max_draft, force)
     quantizations = {"target": parse_quantization(quantize, block_size, accuracy_level),
                      "draft": parse_quantization(draft_quantize or quantize, block_size, accuracy_level)}
@@ -89,6 +95,8 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
     if quantize_embeddings and not any(quantizations.values()):
         raise ExportError("--quantize-embeddings needs --quantize or --draft-quantize (int4 or int8)")
     say = Progress(progress)
+    if chosen and attention != DEFAULT_ATTENTION:
+        say(f"attention: {attention} (a bf16 bundle runs on the cuda backend, which runs standard graphs)")
     try:                                          # the bundle is written beside --out, then moved into place
         out.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))

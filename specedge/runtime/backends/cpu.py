@@ -80,6 +80,35 @@ def check_io(session, entry: dict, path: Path) -> None:
                                   f"{tensor.get('dtype')} in the manifest; re-export the bundle")
 
 
+def _kv_buffers(path: Path, shape: tuple, layers: int, dtype: np.dtype) -> tuple[list, list]:
+    """K and V buffers [N, H_kv, S, D] per layer, zeroed (pages come as slots are used), or a one-line OptionError
+    where max_batch asks for more than the machine has."""
+    need = 2 * layers * int(np.prod(shape)) * dtype.itemsize
+    physical = _physical_memory()
+
+    def refusal(why: str) -> OptionError:
+        return OptionError(f"{path.name}: KV buffers for max_batch {shape[0]} take {_size(need)} "
+                           f"({_size(need // shape[0])} a slot), {why}; lower --max-batch / max_batch")
+
+    if physical and need > physical:
+        raise refusal(f"more than this machine's {_size(physical)} of memory")
+    try:
+        return [np.zeros(shape, dtype) for _ in range(layers)], [np.zeros(shape, dtype) for _ in range(layers)]
+    except MemoryError:
+        raise refusal("which could not be allocated") from None
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):          # not POSIX (Windows): only the allocation says
+        return None
+
+
 class CpuBackend(ModelBackend):
     name = "cpu"
 
@@ -114,8 +143,7 @@ class CpuBackend(ModelBackend):
         self.vocab_columns = entry["spec"]["vocab_size"]
         self.kv_names = entry["io"]["kv"]                                   # [[past_k, past_v, present_k, present_v]]
         shape = (max_batch, kv["num_kv_heads"], self.kv_slots, kv["head_dim"])       # [N, H_kv, S, D]
-        self.keys = [np.zeros(shape, KV_NUMPY[kv_dtype]) for _ in range(self.num_layers)]
-        self.values = [np.zeros(shape, KV_NUMPY[kv_dtype]) for _ in range(self.num_layers)]
+        self.keys, self.values = _kv_buffers(path, shape, self.num_layers, np.dtype(KV_NUMPY[kv_dtype]))
         # scratch for the largest call: every row at max_step tokens
         rows = max_batch * max(max_step, 2)
         self._ids, self._positions, self._logit_rows = (np.zeros(rows, np.int64) for _ in range(3))

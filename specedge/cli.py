@@ -237,7 +237,7 @@ def bench(bundle, prompts_file, policies, batches, max_new_tokens, temperature, 
     from specedge.bench import load_prompts, parse_batches, run_bench, run_batch_bench
     from specedge.bench.batch import workload_size
     from specedge.bench.report import batch_plots, batch_table, plots, table
-    from specedge.bench.runner import DEFAULT_POLICIES, check_prompts_fit, prepare_out, write_results
+    from specedge.bench.runner import DEFAULT_POLICIES, check_prompts_fit, prepare_out, without_chat, write_results
     from specedge.runtime import load
 
     sizes = parse_batches(batches)
@@ -250,6 +250,9 @@ def bench(bundle, prompts_file, policies, batches, max_new_tokens, temperature, 
                device_id=device_id, cuda_graphs=cuda_graphs)
     if gen.backend_choice:
         click.echo(gen.backend_choice, err=True)
+    prompts, note = without_chat(prompts, bool(gen.chat_template), prompts_file is not None)
+    if note:
+        click.echo(note, err=True)
     if gen.draft is None:
         names = [n for n in names if n.split("@")[0] == "target" or n.endswith("@ngram")]
     if not policies:                          # the default list's fixed:K the bundle was not exported for
@@ -605,7 +608,8 @@ def bench_serve(bundle, url, api_key, model, concurrency, policies, requests_per
     except ImportError as err:
         raise _serve_extra(err) from err
     from specedge.bench.batch import parse_batches
-    from specedge.bench.runner import load_prompts, write_results
+    from specedge.bench.runner import load_prompts, without_chat, write_results
+    from specedge.runtime.manifest import read_manifest
 
     if (bundle is None) == (url is None):
         raise OptionError("give either a BUNDLE to serve or --url of a running server")
@@ -614,6 +618,11 @@ def bench_serve(bundle, url, api_key, model, concurrency, policies, requests_per
     if not names:
         raise OptionError("--policies is empty")
     prompts = load_prompts(prompts_file)
+    if bundle is not None:                  # a running server's template is not known here: its 400 will say
+        template = read_manifest(bundle)["tokenizer"].get("chat_template")
+        prompts, note = without_chat(prompts, bool(template), prompts_file is not None)
+        if note:
+            click.echo(note, err=True)
 
     def progress(done, total, label):
         click.echo(f"[{done}/{total}] {label}", err=True)

@@ -150,6 +150,20 @@ def test_bench_says_when_a_prompt_leaves_room_for_fewer_tokens_than_asked(good_b
     assert "warning" not in capsys.readouterr().err
 
 
+def test_bench_on_a_bundle_without_a_chat_template(arch_bundles, tmp_path, capsys):
+    """The built-in set's chat prompt is left out, said; a prompts file asking for chat is a one-line error."""
+    bundle = arch_bundles["qwen2"]                                     # a byte tokenizer without a template
+    assert main(["bench", str(bundle), "--max-new-tokens", "4", "--policies", "fixed:2",
+                 "--out", str(tmp_path / "out")]) == 0
+    assert "no chat template: the 1 built-in chat prompt(s) left out" in capsys.readouterr().err
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["settings"]["prompts"] == 3
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "a"}) + "\n" + json.dumps({"prompt": "b", "chat": True}) + "\n")
+    assert main(["bench", str(bundle), "--prompts", str(prompts), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert 'prompt 2 asks for chat ("chat": true) and this bundle has no chat template' in err and "--chat" not in err
+
+
 def test_bench_sampled_run_reports_no_identity(good_bundle):
     gen = load(good_bundle)
     results = run_bench(gen, [{"prompt": "ab"}], ["fixed:2"], max_new_tokens=10, temperature=0.8, seed=1)

@@ -50,6 +50,18 @@ def load_prompts(path: str | None) -> list[dict]:
     return rows
 
 
+def without_chat(prompts: list[dict], chat_template: bool, given: bool) -> tuple[list[dict], str | None]:
+    """The prompts a bundle without a chat template can run -> (prompts, a note or None). The built-in set's chat
+    prompts are left out (said); a prompts file that asks for chat is a one-line error naming the line."""
+    asking = [n for n, row in enumerate(prompts, 1) if row.get("chat")]
+    if chat_template or not asking:
+        return prompts, None
+    if given:
+        raise OptionError(f"prompt {asking[0]} asks for chat (\"chat\": true) and this bundle has no chat template")
+    kept = [row for row in prompts if not row.get("chat")]
+    return kept, f"this bundle has no chat template: the {len(asking)} built-in chat prompt(s) left out"
+
+
 def check_prompts_fit(gen, prompts: list[dict], max_new_tokens: int) -> str | None:
     """Every prompt encodes and leaves room in the bundle, checked before the first is run (a bundle with a short
     max_seq_len otherwise fails part-way through a benchmark). -> a warning when some prompt leaves room for fewer

@@ -167,7 +167,7 @@ class Generator:
             return fim_ids(self.tokenizer, self.fim, prompt, checked_text(suffix, "the suffix"))
         if chat:
             if not self.chat_template:
-                raise SpecedgeError("this bundle has no chat template; run without --chat")
+                raise SpecedgeError("this bundle has no chat template, which a chat prompt (--chat, chat=True) needs")
             return self.encode_messages([{"role": "user", "content": prompt}])
         return self.tokenizer.encode(prompt).ids
 
@@ -278,13 +278,14 @@ class Generator:
         policy = make_policy(spec, self.max_draft)
         if policy.shared:
             policy = self._shared_policies.setdefault((spec, drafter), policy)
+        constraint = self._constraint(opts)     # before the clock starts: a first grammar builds the vocabulary's view
         seq = Sequence(prompt_ids=prompt_ids, opts=opts, warp=Warp(opts.temperature, opts.top_k, opts.top_p),
                        rng=np.random.default_rng(opts.seed), policy=policy, drafter=drafter,
                        decoder=IncrementalDecoder(self.tokenizer, prompt_ids), stops=StopStrings(list(opts.stop)),
                        eos_ids=frozenset() if opts.ignore_eos else self.eos_ids | set(opts.stop_ids),
                        on_token=on_token,
                        tokens=list(prompt_ids), started=time.perf_counter(),
-                       logprobs=None if opts.logprobs is None else [], constraint=self._constraint(opts),
+                       logprobs=None if opts.logprobs is None else [], constraint=constraint,
                        prompt_logprobs=None if opts.prompt_logprobs is None else [],
                        penalties=penalties_of(opts),
                        **({} if outbox is None else {"outbox": outbox}))

@@ -100,6 +100,8 @@ def _response_format(value: str | None) -> dict | None:
         schema = json.loads(Path(value).read_text())
     except (OSError, ValueError) as err:
         raise OptionError(f"--response-format: not 'json' and not a readable JSON schema file: {err}") from None
+    if not isinstance(schema, (dict, bool)):
+        raise OptionError(f"--response-format {value}: a JSON schema is an object, got {type(schema).__name__}")
     return {"type": "json_schema", "json_schema": {"name": Path(value).stem, "schema": schema}}
 
 
@@ -207,6 +209,11 @@ def chat(bundle, system, max_new_tokens, temperature, top_k, top_p, seed, policy
                    policy=policy, drafter=drafter)
     gen.options(**options)                            # a bad option is an error before the first line is read
     gen.encode_messages([{"role": "user", "content": "hi"}])    # and so is a bundle without a chat template
+    if system:                                        # and a system prompt that leaves no room for any turn
+        size = len(gen.encode_messages([{"role": "system", "content": system}, {"role": "user", "content": "hi"}]))
+        if size >= gen.max_seq_len:
+            raise OptionError(f"--system: with a one-word message the prompt has {size} tokens, and the bundle's "
+                              f"max_seq_len {gen.max_seq_len} leaves no room to reply")
     run_chat(gen, system, options, show_stats=stats)
 
 
@@ -523,6 +530,8 @@ def serve(bundle, host, port, max_batch, max_queue, api_key, served_model_name, 
     if api_key == "" or (api_key is None and os.environ.get("SPECEDGE_API_KEY") == ""):   # click drops an empty env
         raise OptionError("--api-key (or SPECEDGE_API_KEY) is empty: give a key, or leave the option and the variable "
                           "out to serve without one")
+    if served_model_name is not None and not served_model_name.strip():
+        raise OptionError("--served-model-name is empty: give a name, or leave it out to serve the bundle folder's")
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = EngineConfig(bundle=bundle, max_batch=max_batch, max_queue=max_queue, served_model_name=served_model_name,

@@ -28,3 +28,8 @@ class NoDraftModel(OptionError):
     def worded(self, target_alone: str, prompt_lookup: str) -> str:
         return (f"this bundle has no draft model (drafter '{self.drafter}' needs one); run the target alone "
                 f"({target_alone}), or draft by prompt lookup ({prompt_lookup})")
+
+
+class ExportOptionError(ExportError, OptionError):
+    """An export option out of its range or in a combination that cannot be exported: an ExportError for the Python
+    API, a usage error (exit 2) on the command line."""

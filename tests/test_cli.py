@@ -139,6 +139,10 @@ def test_chat_goes_on_after_a_turn_that_fails(cli_bundle):
     assert proc.returncode == 0, proc.stderr
     assert "the message was dropped" in proc.stderr and "Traceback" not in proc.stderr
     assert len([line for line in proc.stderr.splitlines() if line.startswith("[4 tokens")]) == 1
+    # a system prompt that leaves no room for any turn (/reset keeps it) is refused before the first line
+    proc = specedge("chat", str(cli_bundle), "--system", "y" * 200, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert "--system: with a one-word message the prompt has" in proc.stderr and "max_seq_len 128" in proc.stderr
 
 
 def test_ctrl_c_during_a_reply_stops_it_wherever_it_lands(cli_bundle, monkeypatch):

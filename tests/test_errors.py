@@ -173,8 +173,11 @@ def test_export_cli_errors(capsys, sources, tmp_path):
         export_bundle(str(target), None, tmp_path / "afile", progress=None)
     code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(tmp_path / "b"),
                         "--quantize", "int4", "--block-size", "24")
-    assert code == 1 and "--block-size" in err and "\n" not in err
+    assert code == 2 and "--block-size" in err and "\n" not in err          # a usage error, as click's own
     _assert_nothing_left(tmp_path, "b")
+    code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(tmp_path / "b"),
+                        "--max-seq-len", "1")
+    assert code == 2 and "--max-seq-len must be at least" in err
 
 
 def test_target_only_bundle_refuses_speculation(sources, tmp_path, capsys):

@@ -730,6 +730,8 @@ def test_serve_refuses_a_busy_port_and_an_empty_key_in_one_line(bundle, capsys, 
     assert capsys.readouterr().err.strip().startswith("specedge: error: cannot listen on 999.1.1.1")
     assert main(["serve", str(bundle), "--api-key", ""]) == 2
     assert "--api-key (or SPECEDGE_API_KEY) is empty" in capsys.readouterr().err
+    assert main(["serve", str(bundle), "--served-model-name", " "]) == 2
+    assert "--served-model-name is empty" in capsys.readouterr().err
     monkeypatch.setenv("SPECEDGE_API_KEY", "")
     assert main(["serve", str(bundle)]) == 2
     assert "is empty" in capsys.readouterr().err

@@ -163,6 +163,13 @@ def test_defaults_and_overrides_map_to_runtime_options(gen):
                                  policy="fixed:4", drafter="ngram", max_new_tokens=5, logprobs=None, stop_ids=(),
                                  response_format=None, presence_penalty=0.0, frequency_penalty=0.0,
                                  repetition_penalty=1.0, logit_bias=None)
+    assert parse({"model": "m", "prompt": "hi", "speculation": "on"}, "completion", gen, limits).speculation == \
+        "adaptive@model"
+    on = parse({"model": "m", "prompt": "hi", "speculation": "on"}, "completion", gen,
+               Limits(model="m", policy="target"))
+    assert on.options["policy"] == "adaptive"                            # "on" drafts even where the default is off
+    for off in (-1, 0):                                                      # vLLM's two ways to say "no top-k"
+        assert parse({"model": "m", "prompt": "hi", "top_k": off}, "completion", gen, limits).options["top_k"] == 0
 
 
 @pytest.mark.parametrize("body, param", [
@@ -178,6 +185,7 @@ def test_defaults_and_overrides_map_to_runtime_options(gen):
     ({"prompt": "x", "top_p": 0}, "top_p"),
     ({"prompt": "x", "max_tokens": True}, "max_tokens"),
     ({"prompt": "x", "seed": -1}, "seed"),
+    ({"prompt": "x", "top_k": -2}, "top_k"),
     ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"prompt": [999999]}, "prompt"),

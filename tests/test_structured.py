@@ -152,8 +152,9 @@ def test_the_server_honours_response_format(workdir):
         for bad in [{"type": "xml"}, {"type": "json_schema", "json_schema": {"schema": {"type": "nonsense"}}}]:
             bad_request = post(srv, "/chat/completions", {**chat, "response_format": bad})
             assert_openai_error(bad_request, 400, "response_format")
-        ok = post(srv, "/completions", {"model": MODEL, "prompt": "x", "max_tokens": 20,
-                                        "response_format": {"type": "json_object"}})
+        ok = post(srv, "/completions", {"model": MODEL, "prompt": "x", "max_tokens": 60, "temperature": 0,
+                                        "response_format": {"type": "json_object"}})   # greedy: not a draw that
+                                                                                        # runs out in whitespace
         assert ok.status_code == 200, ok.text
         json.loads(ok.json()["choices"][0]["text"])
 
@@ -170,6 +171,10 @@ def test_generate_takes_a_response_format_from_the_command_line(good_bundle, tmp
         assert isinstance(value, dict) and (fmt == "json" or set(value) == {"a", "b"})
     assert main(["generate", str(good_bundle), "--prompt", "x", "--response-format", str(tmp_path / "none.json")]) == 2
     assert "--response-format: not 'json' and not a readable JSON schema file" in capsys.readouterr().err
+    (tmp_path / "list.json").write_text("[1, 2]")
+    assert main(["generate", str(good_bundle), "--prompt", "x", "--response-format", str(tmp_path / "list.json")]) == 2
+    err = capsys.readouterr().err
+    assert "list.json: a JSON schema is an object, got list" in err and "json_schema" not in err
 
 
 def test_a_grammar_ends_at_a_stop_id_too_and_refuses_what_it_cannot_hold(gen, word_bundle):

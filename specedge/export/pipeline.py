@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from specedge import __version__
-from specedge.errors import ExportError
+from specedge.errors import ExportError, ExportOptionError
 from specedge.export.check import (check_graph, dequantized_overrides, prompt_agreement, random_ids,
                                    reference_logits, source_logits)
 from specedge.export.dtype_audit import audit_dtype
@@ -75,25 +75,26 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
     out = Path(out).expanduser().absolute()
     dtype = DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in FLOAT_TYPES:
-        raise ExportError(f"--dtype must be one of fp32, fp16, bf16, got '{dtype}'")
+        raise ExportOptionError(f"--dtype must be one of fp32, fp16, bf16, got '{dtype}'")
     chosen = attention is None
     if chosen:
         attention = "standard" if dtype == "bfloat16" else DEFAULT_ATTENTION
     if attention not in ATTENTION_VARIANTS:
-        raise ExportError(f"--attention must be one of {', '.join(ATTENTION_VARIANTS)}, got '{attention}'")
+        raise ExportOptionError(f"--attention must be one of {', '.join(ATTENTION_VARIANTS)}, got '{attention}'")
     if dtype == "bfloat16" and attention == "gqa":
-        raise ExportError("a bf16 bundle runs on the cuda backend only (onnxruntime's CPU provider has no bfloat16 "
-                          "MatMul), which runs --attention standard graphs: drop --attention gqa")
+        raise ExportOptionError("a bf16 bundle runs on the cuda backend only (onnxruntime's CPU provider has no "
+                                "bfloat16 MatMul), which runs --attention standard graphs: drop --attention gqa")
     _validate(out, max_seq_len, max_draft, force)
     quantizations = {"target": parse_quantization(quantize, block_size, accuracy_level),
                      "draft": parse_quantization(draft_quantize or quantize, block_size, accuracy_level)}
     if dtype == "bfloat16" and any(quantizations.values()):
-        raise ExportError("--dtype bf16 cannot be combined with --quantize/--draft-quantize (MatMulNBits runs "
-                          "float32 or float16 activations); use --dtype fp16 for quantized half-precision bundles")
+        raise ExportOptionError("--dtype bf16 cannot be combined with --quantize/--draft-quantize (MatMulNBits runs "
+                                "float32 or float16 activations); use --dtype fp16 for quantized half-precision "
+                                "bundles")
     if quantize_embeddings is None:
         quantize_embeddings = any(quantizations.values())
     if quantize_embeddings and not any(quantizations.values()):
-        raise ExportError("--quantize-embeddings needs --quantize or --draft-quantize (int4 or int8)")
+        raise ExportOptionError("--quantize-embeddings needs --quantize or --draft-quantize (int4 or int8)")
     say = Progress(progress)
     if chosen and attention != DEFAULT_ATTENTION:
         say(f"attention: {attention} (a bf16 bundle runs on the cuda backend, which runs standard graphs)")
@@ -152,9 +153,9 @@ def _validate(out: Path, max_seq_len: int, max_draft: int, force: bool) -> None:
     if out.exists() and not empty and not force:
         raise ExportError(f"{out} already holds a bundle (pass --force to replace it)")
     if max_seq_len < MIN_SEQ_LEN:
-        raise ExportError(f"--max-seq-len must be at least {MIN_SEQ_LEN}, got {max_seq_len}")
+        raise ExportOptionError(f"--max-seq-len must be at least {MIN_SEQ_LEN}, got {max_seq_len}")
     if not 1 <= max_draft <= MAX_DRAFT_LIMIT:
-        raise ExportError(f"--max-draft must be between 1 and {MAX_DRAFT_LIMIT}, got {max_draft}")
+        raise ExportOptionError(f"--max-draft must be between 1 and {MAX_DRAFT_LIMIT}, got {max_draft}")
 
 
 def _shared_vocab(sources: dict[str, Source], say) -> int:

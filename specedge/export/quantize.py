@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from specedge.errors import ExportError
+from specedge.errors import ExportError, ExportOptionError
 
 ROWS_PER_CHUNK = 8192                 # quantize big matrices (the LM head) a slice at a time
 
@@ -28,9 +28,9 @@ class Quantization:
         if self.bits not in (4, 8):
             raise ExportError(f"quantization bits must be 4 or 8, got {self.bits}")
         if self.block_size < 16 or self.block_size & (self.block_size - 1):
-            raise ExportError(f"--block-size must be a power of two >= 16, got {self.block_size}")
+            raise ExportOptionError(f"--block-size must be a power of two >= 16, got {self.block_size}")
         if self.accuracy_level not in range(5):
-            raise ExportError(f"--accuracy-level must be 0..4, got {self.accuracy_level}")
+            raise ExportOptionError(f"--accuracy-level must be 0..4, got {self.accuracy_level}")
 
     @property
     def name(self) -> str:

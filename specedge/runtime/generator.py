@@ -268,6 +268,8 @@ class Generator:
         return opts.policy or (f"fixed:{opts.k}" if opts.k > 0 else "target")
 
     def _submit(self, prompt_ids: list[int], opts: GenerationOptions, on_token, outbox=None) -> Stream:
+        if on_token is not None and not callable(on_token):
+            raise OptionError(f"on_token must be a function (ids, text), got {on_token!r}")
         if not prompt_ids:
             raise SpecedgeError("the prompt is empty after tokenization")
         if len(prompt_ids) >= self.max_seq_len:

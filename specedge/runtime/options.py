@@ -181,7 +181,7 @@ def stop_ids(ids) -> tuple[int, ...]:
 def stop_strings(stop) -> tuple[str, ...]:
     """One string is one stop string (not one per character); else an iterable of strings."""
     stops = (stop,) if isinstance(stop, str) else stop
-    if not hasattr(stops, "__iter__"):
+    if not isinstance(stops, (list, tuple)):      # not bytes (iterated, ints), a dict (its keys) or a set (no order)
         raise OptionError(f"stop must be a string or a list of strings, got {stop!r}")
     stops = tuple(stops)
     for s in stops:

@@ -368,6 +368,10 @@ class Service:
                         if _ended_empty(handles[choice["index"]], outcomes[choice["index"]]):
                             held.append(event)              # its end (and echo's prompt): until it is known
                             continue                        # whether every choice did
+                        # the loop runs between events: events queued while the client read slowly would
+                        # otherwise go out in one burst, past a connection the loop has not yet seen close (asyncio
+                        # logs each write after the fifth)
+                        await asyncio.sleep(0)
                         yield _event(event)
                 if _all_timed_out(handles, outcomes):     # as unstreamed: nothing came, so no choice is an answer
                     raise _timed_out(req.timeout)

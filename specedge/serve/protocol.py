@@ -230,8 +230,8 @@ def _speculation(body: dict, limits: Limits) -> dict:
         pass
     elif spec in ("off", "target"):
         policy = "target"
-    elif spec == "on":
-        pass
+    elif spec == "on":                     # the server's default, or adaptive where that default is not to draft
+        policy = "adaptive" if policy == "target" else policy
     elif isinstance(spec, dict):
         unknown = set(spec) - {"policy", "drafter"}
         if unknown:
@@ -378,7 +378,8 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
     options = dict(temperature=_number(body, "temperature", 0, 2, 1.0),
                    top_p=_number(body, "top_p", 0, 1, 1.0, lo_open=True),
                    seed=_integer(body, "seed", 0, 2**63 - 1), stop=_stops(body),
-                   top_k=_integer(body, "top_k", 0) or 0, ignore_eos=_bool(body, "ignore_eos"),
+                   top_k=max(0, _integer(body, "top_k", -1) or 0),          # -1 or 0: off (as vLLM)
+                   ignore_eos=_bool(body, "ignore_eos"),
                    logprobs=_logprobs(body, kind), stop_ids=_stop_ids(body, gen.vocab_size),
                    response_format=_response_format(body),
                    presence_penalty=_number(body, "presence_penalty", -2, 2, 0.0),

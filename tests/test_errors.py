@@ -169,6 +169,7 @@ def test_export_cli_errors(capsys, sources, tmp_path):
     for out, expected in ((tmp_path / "afile", 2), (tmp_path / "afile" / "sub", 1)):   # no folder can be made there
         code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(out))
         assert code == expected and str(tmp_path / "afile") in err and "\n" not in err, err
+    assert "a file stands where one of its folders would be" in err                  # not "File exists"
     with pytest.raises(ExportError, match="exists and is not a folder"):
         export_bundle(str(target), None, tmp_path / "afile", progress=None)
     code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(tmp_path / "b"),

@@ -101,6 +101,9 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
     try:                                          # the bundle is written beside --out, then moved into place
         out.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    except (FileExistsError, NotADirectoryError):        # a file where a folder of the path would be
+        raise ExportError(f"cannot write a bundle at {out}: a file stands where one of its folders would be") \
+            from None
     except OSError as err:
         raise ExportError(f"cannot write a bundle at {out}: {err.strerror or err}") from None
     try:

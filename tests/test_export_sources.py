@@ -50,6 +50,29 @@ def test_a_checkpoint_lacking_a_tensor_is_refused_not_filled_with_random_values(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_checkpoint_with_more_layers_than_its_config_is_refused_not_cut_down(source, tmp_path):
+    """A config of 1 layer over 2 layers' weights: transformers loads the first and logs the rest as unexpected; the
+    bundle would be a cut-down model that passes its own check."""
+    src = _copy(source, tmp_path, "more-layers")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    with pytest.raises(ExportError, match=r"the checkpoint holds model\.layers\.1\..* which the model config\.json "
+                                          r"describes has no place for"):
+        _export(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_without_tokenizer_files_is_refused(tmp_path):
+    """For a Qwen2 config transformers builds a one-token tokenizer from config.json alone; its bundle could not
+    encode a prompt."""
+    src = tm.save(tm.make_model("qwen2", 260, seed=1), tm.byte_tokenizer(chat=True), tmp_path / "no-tokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (src / name).unlink(missing_ok=True)
+    with pytest.raises(ExportError, match=r"tokenizer has \d+ tokens for 260 embedding rows; is the folder missing "
+                                          r"its tokenizer files"):
+        _export(src, tmp_path / "out")
+
+
 @pytest.mark.parametrize("damage", ["garbage", "wrong shape"])
 def test_corrupt_weights_are_one_clear_error(source, tmp_path, damage):
     src = _copy(source, tmp_path, "corrupt")
@@ -107,6 +130,21 @@ def test_end_of_turn_tokens_added_to_the_eos_ids_are_said(source, tmp_path):
     eos = json.loads((tmp_path / "out" / "manifest.json").read_text())["eos_token_ids"]
     said = [line for line in lines if "also stops at" in line]
     assert len(said) == 1 and "<|im_end|>" in said[0] and len(eos) >= 2
+
+
+def test_generation_ends_at_the_target_s_eos_ids_not_the_draft_s(source, tmp_path):
+    """A draft whose config ends at another id (90, "Z" here) does not make the target stop there: the output is
+    the target's own, as exported alone."""
+    draft = _copy(source, tmp_path, "draft")
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((draft / name).read_text())
+        (draft / name).write_text(json.dumps({**config, "eos_token_id": 90}))
+    lines = []
+    export_bundle(str(source), str(draft), tmp_path / "pair", max_seq_len=64, max_draft=4, progress=lines.append)
+    _export(source, tmp_path / "alone")
+    alone = json.loads((tmp_path / "alone" / "manifest.json").read_text())["eos_token_ids"]
+    assert json.loads((tmp_path / "pair" / "manifest.json").read_text())["eos_token_ids"] == alone
+    assert 90 not in alone and any("draft: its end ids [90] are not the target's" in line for line in lines)
 
 
 def test_only_special_tokens_are_added_as_end_of_turn():

@@ -120,9 +120,15 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
             models[role], ids = _export_model(role, source, work, vocab_size, max_seq_len, max_draft, tolerance,
                                               say, quantizations[role], prompts, attention, quantize_embeddings,
                                               dtype, check)
-            eos_ids += [i for i in ids if i not in eos_ids and i < vocab_size]
+            ids = [i for i in ids if i < vocab_size]
+            if role == "target":
+                eos_ids = list(dict.fromkeys(ids))
+            elif set(ids) - set(eos_ids):
+                # the output is the target's, ending where the target's would: a draft's own eos ids do not end it
+                say(f"draft: its end ids {sorted(set(ids) - set(eos_ids))} are not the target's; generation ends "
+                    "at the target's")
         if not eos_ids:
-            raise ExportError("the source models name no end-of-sequence token")
+            raise ExportError("the target names no end-of-sequence token")
         manifest = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "specedge_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -14,6 +14,8 @@ from pathlib import Path
 from specedge.errors import ExportError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# buffers older checkpoints saved, which the model computes (transformers ignores them when loading)
+_COMPUTED_BUFFER = re.compile(r"(rotary_emb\.inv_freq|\.attn\.(masked_)?bias|position_ids)$")
 
 
 @dataclass
@@ -44,6 +46,16 @@ class Source:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise ExportError(f"cannot load weights of {self.description}: the checkpoint lacks (or has the wrong "
                               f"shape for) {', '.join(map(str, missing[:3]))}{more}; nothing was written")
+        # and tensors the model does not have (a config of fewer layers than its weights) would export a model cut
+        # down without a word, which passes its check too; old checkpoints' computed buffers are no such tensors
+        # (a GGUF file's tensors are named by transformers' map, which leaves out what it does not use)
+        extra = [] if self.kind == "gguf" else \
+            sorted(k for k in info.get("unexpected_keys") or () if not _COMPUTED_BUFFER.search(k))
+        if extra:
+            more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
+            raise ExportError(f"cannot load weights of {self.description}: the checkpoint holds {', '.join(extra[:3])}"
+                              f"{more}, which the model config.json describes has no place for (do config and "
+                              "weights belong together?); nothing was written")
         return _language_model(model) if self.text_of else model.eval()
 
     def generation_config(self):
@@ -101,10 +113,16 @@ def open_source(src: str) -> Source:
     try:
         config = transformers.AutoConfig.from_pretrained(where, **extra)
         tokenizer = transformers.AutoTokenizer.from_pretrained(where, **extra)
-    except (OSError, ValueError, KeyError) as err:
+    except Exception as err:  # noqa: BLE001 - a corrupt file or config raises whatever its parser raises
         hint = " (the hub needs a network connection)" if kind == "hub" else ""
         raise ExportError(f"cannot load {src}{hint}: {_first_line(err)}") from err
     cfg = config.to_dict()
+    rows = cfg.get("vocab_size") or (cfg.get("text_config") or {}).get("vocab_size")
+    if isinstance(rows, int) and len(tokenizer) < rows // 2:
+        # transformers builds a tokenizer of a token or two from config.json alone when the files are missing: a
+        # bundle with it exports, then cannot encode a prompt
+        raise ExportError(f"{src}: its tokenizer has {len(tokenizer)} tokens for {rows} embedding rows; is the "
+                          "folder missing its tokenizer files (tokenizer.json, tokenizer_config.json)?")
     if not cfg.get("architectures"):
         mapping = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
         name = mapping.get(cfg.get("model_type"))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -84,10 +86,21 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
         raise SpecedgeError(f"the exporter needs the 'export' extra (missing {err.name}): "
                             "pip install 'specedge[export]'") from err
     draft = None if draft.lower() == "none" else draft
-    export_bundle(target, draft, out, max_seq_len=max_seq_len, max_draft=max_draft, tolerance=tolerance,
-                  force=force, progress=lambda line: click.echo(line, err=True), quantize=quantize,
-                  draft_quantize=draft_quantize, block_size=block_size, accuracy_level=accuracy_level,
-                  attention=attention, quantize_embeddings=quantize_embeddings, dtype=dtype)
+    # SIGTERM (a service manager, a timeout) ends the export as Ctrl+C does: its work folder is removed on the way out
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
+    try:
+        export_bundle(target, draft, out, max_seq_len=max_seq_len, max_draft=max_draft, tolerance=tolerance,
+                      force=force, progress=lambda line: click.echo(line, err=True), quantize=quantize,
+                      draft_quantize=draft_quantize, block_size=block_size, accuracy_level=accuracy_level,
+                      attention=attention, quantize_embeddings=quantize_embeddings, dtype=dtype)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, before)
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def _response_format(value: str | None) -> dict | None:

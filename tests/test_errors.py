@@ -163,8 +163,13 @@ def test_export_cli_errors(capsys, sources, tmp_path):
         assert (tmp_path / "notabundle" / "notes.txt").read_text() == "mine"
     (tmp_path / "abundle").mkdir()
     (tmp_path / "abundle" / "manifest.json").write_text("{}")
-    code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(tmp_path / "abundle"))
+    code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none",
+                        "--out", str(tmp_path / "abundle"))
     assert code == 1 and "already holds a bundle (pass --force" in err
+    (tmp_path / "link").symlink_to(tmp_path / "abundle")         # found before the export, not after it
+    code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(tmp_path / "link"),
+                        "--force")
+    assert code == 1 and "is a symbolic link" in err and (tmp_path / "abundle" / "manifest.json").exists()
     (tmp_path / "afile").write_text("x")
     for out, expected in ((tmp_path / "afile", 2), (tmp_path / "afile" / "sub", 1)):   # no folder can be made there
         code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(out))
@@ -197,7 +202,9 @@ def test_target_only_bundle_refuses_speculation(sources, tmp_path, capsys):
     from serve_helpers import MODEL, running
 
     with running(out, max_batch=1, policy="target") as (srv, _):
-        post = lambda body: httpx.post(srv.url + "/completions", json={"model": MODEL, "prompt": "ab", **body})  # noqa: E731
+        def post(body):
+            return httpx.post(srv.url + "/completions", json={"model": MODEL, "prompt": "ab", **body})
+
         answer = post({"max_tokens": 2, "speculation": {"policy": "adaptive"}})
         error = answer.json()["error"]
         assert answer.status_code == 400 and error["param"] == "speculation", error

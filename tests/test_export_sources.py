@@ -50,6 +50,62 @@ def test_a_checkpoint_lacking_a_tensor_is_refused_not_filled_with_random_values(
     assert not (tmp_path / "out").exists()
 
 
+def test_what_appears_at_out_during_an_export_is_not_replaced(source, tmp_path):
+    """--out is checked again before the bundle moves in: a folder made there meanwhile is kept, and so is a bundle
+    written there meanwhile unless --force."""
+    out = tmp_path / "out"
+
+    def make_folder(line):
+        if line.endswith("hashing files"):
+            out.mkdir()
+            (out / "precious.txt").write_text("mine")
+
+    with pytest.raises(ExportError, match="exists and is not a bundle"):
+        export_bundle(str(source), None, out, max_seq_len=64, max_draft=4, progress=make_folder)
+    assert (out / "precious.txt").read_text() == "mine"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.export-")]
+
+
+def test_an_export_killed_midway_is_cleaned_up_by_the_next(source, tmp_path):
+    """SIGKILL or the out-of-memory killer leave the work folder (and, while replacing, the old bundle moved
+    aside): the next export to the same --out removes the first and puts the second back."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)                                                   # a process that has ended
+    (tmp_path / f".out.export-{pid}-abc").mkdir()
+    (tmp_path / f".out.export-{pid}-abc" / "target.onnx.data").write_bytes(b"x" * 1000)
+    _export(source, tmp_path / "out")                                        # _export: no work folder left
+    assert (tmp_path / "out" / "manifest.json").exists()
+    (tmp_path / "out").rename(tmp_path / f".out.export-{pid}-replaced")     # killed between the two renames
+    lines = _export(source, tmp_path / "other")
+    assert not (tmp_path / "out").exists()                                   # another --out: not touched
+    with pytest.raises(ExportError, match="already holds a bundle"):
+        export_bundle(str(source), None, tmp_path / "out", max_seq_len=64, max_draft=4, progress=lines.append)
+    assert (tmp_path / "out" / "manifest.json").exists() and any("put back out" in line for line in lines)
+
+
+def test_sigterm_ends_an_export_leaving_nothing(source, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "specedge.cli", "export", "--target", str(source), "--draft",
+                             str(source), "--out", str(tmp_path / "out"), "--max-seq-len", "64"],
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:                                   # mid-export: its work folder exists
+        if "writing step graph" in line:
+            break
+    assert [p for p in tmp_path.iterdir() if p.name.startswith(".out.export-")]
+    proc.send_signal(signal.SIGTERM)
+    proc.stderr.read()
+    assert proc.wait(60) == 128 + signal.SIGTERM
+    time.sleep(0.1)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_checkpoint_with_more_layers_than_its_config_is_refused_not_cut_down(source, tmp_path):
     """A config of 1 layer over 2 layers' weights: transformers loads the first and logs the rest as unexpected; the
     bundle would be a cut-down model that passes its own check."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -100,7 +101,8 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
         say(f"attention: {attention} (a bf16 bundle runs on the cuda backend, which runs standard graphs)")
     try:                                          # the bundle is written beside --out, then moved into place
         out.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+        _remove_stale_work(out, say)
+        work = Path(tempfile.mkdtemp(prefix=f"{_work_prefix(out)}{os.getpid()}-", dir=out.parent))
     except (FileExistsError, NotADirectoryError):        # a file where a folder of the path would be
         raise ExportError(f"cannot write a bundle at {out}: a file stands where one of its folders would be") \
             from None
@@ -141,18 +143,67 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
         manifest["files"] = {p.name: file_record(p) for p in sorted(work.iterdir()) if p.is_file()}
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         read_manifest(work)                                  # what the runtime will check, checked here first
-        if out.exists():
-            shutil.rmtree(out)
+        _validate(out, max_seq_len, max_draft, force)        # again: --out may have changed during the export
         work.chmod(0o755)
-        work.rename(out)
-    except BaseException:
+        _move_into_place(work, out)
+    except BaseException as err:
         shutil.rmtree(work, ignore_errors=True)
+        if isinstance(err, OSError):                         # a full disk, a file too large: said in one line
+            raise ExportError(f"cannot write the bundle for {out}: {err.strerror or err}; nothing was written") \
+                from err
         raise
     say(f"wrote {out}")
     return out
 
 
+def _work_prefix(out: Path) -> str:
+    return f".{out.name}.export-"                 # then the exporting process's id: .OUT.export-PID-xxxx
+
+
+def _remove_stale_work(out: Path, say) -> None:
+    """Work folders of exports to the same --out whose process is gone (killed: SIGKILL or out of memory leave them,
+    possibly gigabytes): removed; a running export's are left alone."""
+    for folder in out.parent.glob(f"{_work_prefix(out)}*"):
+        pid = folder.name[len(_work_prefix(out)):].split("-")[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        if folder.name.endswith("-replaced") and not out.exists():      # killed while swapping: the old bundle
+            folder.rename(out)
+            say(f"put back {out.name}, which an export killed while replacing it had moved aside")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+            say(f"removed {folder.name}, left by an export that was killed")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:                               # another user's process: alive
+        return True
+    return True
+
+
+def _move_into_place(work: Path, out: Path) -> None:
+    """work -> out; an existing bundle (--force) is moved aside first and removed only once the new one is in place,
+    so a failure at this point leaves the old one where it was."""
+    if not out.exists():
+        work.rename(out)
+        return
+    aside = out.with_name(f"{_work_prefix(out)}{os.getpid()}-replaced")
+    out.rename(aside)
+    try:
+        work.rename(out)
+    except BaseException:
+        aside.rename(out)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def _validate(out: Path, max_seq_len: int, max_draft: int, force: bool) -> None:
+    if out.is_symlink():
+        raise ExportError(f"{out} is a symbolic link (to {os.readlink(out)}): give the folder itself as --out")
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} exists and is not a folder")
     empty = out.is_dir() and not any(out.iterdir())

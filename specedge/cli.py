@@ -62,7 +62,7 @@ def cli():
               help="Weight-only quantization (MatMulNBits) of the target, and of the draft unless --draft-quantize.")
 @click.option("--draft-quantize", default=None, type=click.Choice(["none", "int4", "int8"]),
               help="Quantization of the draft [default: as --quantize].")
-@click.option("--block-size", default=32, show_default=True, type=click.IntRange(min=16),
+@click.option("--block-size", default=32, show_default=True, type=click.IntRange(16, 256),
               help="Quantization block size along K.")
 @click.option("--accuracy-level", default=4, show_default=True, type=click.IntRange(0, 4),
               help="MatMulNBits compute: 4 = int8 activations (fast, rows independent), 0 = float.")
@@ -408,8 +408,13 @@ def describe(m: dict, verified: bool = False) -> str:
             f"    export check: max logit error {check.get('max_abs_logit_error', float('nan')):.2e} "
             f"(tolerance {check.get('tolerance', float('nan')):.2e}), top-1 agreement "
             f"{check.get('top1_agreement', float('nan')):.3f}, verify rows bitwise equal: "
-            f"{ {True: 'yes', False: 'NO'}.get(check.get('verify_rows_bitwise_equal'), '?') }",
+            f"{ {True: 'yes', False: 'NO'}.get(check.get('verify_rows_bitwise_equal'), '?') }"
+            + (" (a float32 copy of the graph)" if check.get("checked_as") else ""),
         ]
+        half = check.get("float16_on_cpu")
+        if half:
+            lines.append(f"    the float16 graph on the CPU provider: max logit error "
+                         f"{half['max_abs_logit_error']:.2e} (tolerance {half['tolerance']:.2e})")
         q = check.get("vs_source", check.get("vs_unquantized"))       # vs_unquantized: older bundles
         if q:
             lines.append(f"    vs source model: top-1 agreement {q['top1_agreement']:.3f} over {q['positions']} "
@@ -422,7 +427,7 @@ def describe(m: dict, verified: bool = False) -> str:
 
 
 def _embedding_line(model: dict) -> str:
-    stored = "quantized" if model.get("quantization", {}).get("embedding") else "float32"
+    stored = "quantized" if model.get("quantization", {}).get("embedding") else model["kv"].get("dtype", "float32")
     size = model.get("embedding_bytes")
     return f"embedding {stored}" + (f" {size / 2**20:.1f} MiB" if size else "")
 

@@ -38,6 +38,7 @@ def test_the_manifest_records_the_dtype_and_the_graph_computes_in_it(half_bundle
     for entry in m["models"].values():
         io = entry["io"]
         assert entry["kv"]["dtype"] == dtype
+        assert entry["weights"] == ("int4" if "int4" in name else dtype)      # the graph's, not the check copy's
         assert {io["inputs"][kv[0]]["dtype"] for kv in io["kv"]} == {dtype}
         assert {io["outputs"][kv[2]]["dtype"] for kv in io["kv"]} == {dtype}
         assert io["outputs"]["logits"]["dtype"] == "float32" and io["outputs"]["ids"]["dtype"] == "int64"
@@ -49,6 +50,15 @@ def test_the_manifest_records_the_dtype_and_the_graph_computes_in_it(half_bundle
         assert check["max_abs_logit_error"] <= check["tolerance"]        # the float32 copy against transformers
     assert not any(name.startswith(".float32-check") for name in m["files"])
     assert not (half_bundles[name] / ".float32-check").exists()
+
+
+def test_inspect_says_what_a_half_bundle_holds_and_how_it_was_checked(half_bundles, capsys):
+    from specedge.cli import main
+
+    assert main(["inspect", str(half_bundles["fp16"])]) == 0
+    out = capsys.readouterr().out
+    assert "weights float16" in out and "embedding float16" in out and "float32" not in out.split("weights")[1][:8]
+    assert "(a float32 copy of the graph)" in out and "the float16 graph on the CPU provider: max logit error" in out
 
 
 def test_half_weights_take_half_the_bytes(half_bundles):

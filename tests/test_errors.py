@@ -184,6 +184,15 @@ def test_export_cli_errors(capsys, sources, tmp_path):
     code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(tmp_path / "b"),
                         "--max-seq-len", "1")
     assert code == 2 and "--max-seq-len must be at least" in err
+    for flags, says in [(("--quantize", "int4", "--block-size", "512"), "256"),
+                        (("--block-size", "64"), "apply to quantized models"),
+                        (("--accuracy-level", "0"), "apply to quantized models"),
+                        (("--tolerance", "nan"), "--tolerance must be a finite number"),
+                        (("--tolerance", "inf"), "--tolerance must be a finite number")]:
+        code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none",
+                            "--out", str(tmp_path / "b"), *flags)
+        assert code == 2 and says in err, (flags, err)
+    _assert_nothing_left(tmp_path, "b")
 
 
 def test_target_only_bundle_refuses_speculation(sources, tmp_path, capsys):

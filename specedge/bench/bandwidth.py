@@ -67,7 +67,9 @@ def bytes_per_token(model: dict) -> int:
     (embedding_bytes: its size as stored; older manifests lack it and hold an fp32 table)."""
     spec = model["spec"]
     embedding = model.get("embedding_bytes") or spec["vocab_size"] * spec["hidden_size"] * 4
-    gather_only = not spec["tied_embeddings"] or model.get("weights", "float32") != "float32"
+    # a quantized model's LM head is a matrix of its own; the embedding table is only gathered from
+    gather_only = not spec["tied_embeddings"] or model.get("weights", "float32") not in ("float32", "float16",
+                                                                                         "bfloat16")
     return model["weight_bytes"] - (embedding if gather_only else 0)
 
 

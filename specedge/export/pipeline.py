@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -92,6 +93,11 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
         raise ExportOptionError("--dtype bf16 cannot be combined with --quantize/--draft-quantize (MatMulNBits runs "
                                 "float32 or float16 activations); use --dtype fp16 for quantized half-precision "
                                 "bundles")
+    if not any(quantizations.values()) and (block_size, accuracy_level) != (32, 4):
+        raise ExportOptionError("--block-size and --accuracy-level apply to quantized models: add --quantize or "
+                                "--draft-quantize int4 / int8")
+    if tolerance is not None and not math.isfinite(tolerance):      # nan fails every check, inf passes any
+        raise ExportOptionError(f"--tolerance must be a finite number, got {tolerance}")
     if quantize_embeddings is None:
         quantize_embeddings = any(quantizations.values())
     if quantize_embeddings and not any(quantizations.values()):
@@ -340,7 +346,8 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     entry = {
         "file": path.name, "architecture": architecture, "source": source.description,
         "source_kind": source.kind, "graph_variant": graph.graph_variant, "max_batch": graph.max_batch,
-        "spec": spec.to_json(), "io": graph.io(), "weights": weights_kind,
+        # the bundle's own graph: quantized, or in the bundle's dtype (the float32 copy above is only for the check)
+        "spec": spec.to_json(), "io": graph.io(), "weights": weights_kind if quantization else dtype,
         "weight_bytes": builder.weight_bytes, "embedding_bytes": graph.embedding_bytes,
         "kv": {"num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
                "dtype": "float32", "slots": graph.kv_slots},

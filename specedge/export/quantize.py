@@ -27,8 +27,10 @@ class Quantization:
     def __post_init__(self):
         if self.bits not in (4, 8):
             raise ExportError(f"quantization bits must be 4 or 8, got {self.bits}")
-        if self.block_size < 16 or self.block_size & (self.block_size - 1):
-            raise ExportOptionError(f"--block-size must be a power of two >= 16, got {self.block_size}")
+        # MatMulNBits takes powers of two from 16; beyond 256 a block spans more than a small model's rows (padded
+        # up to it: a bundle many times the model) and quantizes no better
+        if not 16 <= self.block_size <= 256 or self.block_size & (self.block_size - 1):
+            raise ExportOptionError(f"--block-size must be a power of two from 16 to 256, got {self.block_size}")
         if self.accuracy_level not in range(5):
             raise ExportOptionError(f"--accuracy-level must be 0..4, got {self.accuracy_level}")
 

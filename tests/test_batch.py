@@ -232,6 +232,33 @@ def test_a_manifest_that_lies_about_a_dtype_is_refused(bundle_copy):
         load(bundle_copy)
 
 
+def _heads(manifest, n):
+    """Every KV size of the target, in kv and in each KV input and output, set to n heads: the manifest agrees
+    with itself and not with the graph."""
+    model = manifest["models"]["target"]
+    model["kv"]["num_kv_heads"] = n
+    for names in model["io"]["kv"]:
+        for name in names:
+            side = model["io"]["inputs"] if name in model["io"]["inputs"] else model["io"]["outputs"]
+            side[name]["shape"][1] = n
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda m: m["models"]["target"].pop("spec"), "target model entry lacks 'spec'"),
+    (lambda m: m["models"]["draft"].update(weight_bytes="big"), "integer 'weight_bytes'"),
+    (lambda m: m["models"]["target"]["kv"].update(dtype="float64"), "kv dtype 'float64' is unknown"),
+    (lambda m: m["models"]["target"]["kv"].update(dtype="float16"), "kv dtype float16 but the bundle's dtype"),
+    (lambda m: m.update(eos_token_ids=[]), "eos_token_ids must be a non-empty list"),
+    (lambda m: m["tokenizer"].update(file="../tokenizer.json"), "must name files in the bundle's folder"),
+    (lambda m: m["models"]["target"]["kv"].update(num_kv_heads=3), r"past_key.0 is \[4, \d+, \d+\] a row, kv says"),
+    (lambda m: _heads(m, 3), r"past_key.0 is \['batch', 4, \d+, \d+\] in the graph but \['batch', 3,"),
+])
+def test_a_hand_edited_manifest_is_one_line_at_load_not_a_crash_in_a_step(bundle_copy, edit, says):
+    _edit_manifest(bundle_copy, edit)
+    with pytest.raises(BundleError, match=says):
+        load(bundle_copy)
+
+
 def test_a_bundle_with_a_lighter_draft_head_asks_for_a_re_export(bundle_copy):
     """--draft-vocab was removed (not shown to pay): bundles made with it are refused, with what to do."""
     _edit_manifest(bundle_copy, lambda m: m["models"]["target"].update(vocab_subset={"file": "x", "size": 4}))

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from specedge.errors import BundleError
 
@@ -55,6 +55,7 @@ FORMAT_VERSION = 3
 READABLE_VERSIONS = (2, 3)     # 3 added half-precision bundles and engine records; 2 reads as is
 DTYPES = ("float32", "float16", "bfloat16")
 MANIFEST = "manifest.json"
+SPEC_INTS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size")
 GRAPH_VARIANTS = ("static-kv-standard-v1", "static-kv-gqa-v3")
 STEP_INPUTS = ("input_ids", "position_ids", "logit_rows")
 STEP_OUTPUTS = ("logits", "ids")
@@ -129,8 +130,8 @@ def _check_fields(path: Path, m: dict) -> None:
     need(_count(m["max_seq_len"], 2), f"max_seq_len must be an integer >= 2, got {m['max_seq_len']!r}")
     need(_count(m["max_draft"], 1), f"max_draft must be an integer >= 1, got {m['max_draft']!r}")
     eos = m["eos_token_ids"]
-    need(isinstance(eos, list) and all(_count(i, 0) and i < m["vocab_size"] for i in eos),
-         f"eos_token_ids must be a list of token ids below vocab_size, got {eos!r}")
+    need(isinstance(eos, list) and eos and all(_count(i, 0) and i < m["vocab_size"] for i in eos),
+         f"eos_token_ids must be a non-empty list of token ids below vocab_size, got {eos!r}")
     tok = m["tokenizer"]
     need(isinstance(tok, dict) and isinstance(tok.get("file"), str), "tokenizer must name its 'file'")
     need(tok.get("chat_template") is None or isinstance(tok["chat_template"], str),
@@ -140,6 +141,17 @@ def _check_fields(path: Path, m: dict) -> None:
     need(isinstance(m["files"], dict) and all(isinstance(r, dict) and _count(r.get("bytes"), 0)
                                               and isinstance(r.get("sha256"), str) for r in m["files"].values()),
          "files must map each file to its 'bytes' and 'sha256'")
+    names = [*m["files"], tok["file"]] + ([tok["chat_template"]] if tok.get("chat_template") else [])
+    names += [model.get("file") for model in m["models"].values() if isinstance(model.get("file"), str)]
+    outside = [name for name in names if not _inside(name)]
+    need(not outside, f"file names must name files in the bundle's folder, got {outside[0]!r}" if outside else "")
+
+
+def _inside(name: str) -> bool:
+    """A path within the bundle's folder (engines/... included): relative, no parent, nothing hidden."""
+    parts = PurePosixPath(name).parts
+    return bool(parts) and not name.startswith("/") and "\\" not in name and \
+        not any(part.startswith(".") for part in parts)
 
 
 def _check_listed(path: Path, m: dict) -> None:
@@ -157,9 +169,13 @@ def _check_model(bundle, role: str, model: dict, manifest: dict) -> None:
     if model.get("graph_variant") not in GRAPH_VARIANTS:
         raise BundleError(f"{bundle}: {role} graph variant '{model.get('graph_variant')}' is unknown "
                           f"(known: {', '.join(GRAPH_VARIANTS)})")
-    for key in ("file", "kv", "io", "max_batch"):
+    for key in ("file", "kv", "io", "max_batch", "spec", "weight_bytes"):
         if key not in model:
             raise BundleError(f"{bundle}: {role} model entry lacks '{key}'")
+    if not isinstance(model["spec"], dict) or not all(_count(model["spec"].get(key), 1) for key in SPEC_INTS) or \
+            not _count(model["weight_bytes"], 0):
+        raise BundleError(f"{bundle}: corrupt manifest: the {role} entry needs a 'spec' with integer "
+                          f"{', '.join(SPEC_INTS)} and an integer 'weight_bytes'")
     io = model["io"]
     if not all(isinstance(io.get(key), dict if key != "kv" else list) for key in ("inputs", "outputs", "kv")):
         raise BundleError(f"{bundle}: {role} io must name 'inputs', 'outputs' and 'kv'")
@@ -174,6 +190,17 @@ def _check_model(bundle, role: str, model: dict, manifest: dict) -> None:
             _count(kv.get(key), 1) for key in ("num_layers", "num_kv_heads", "head_dim", "slots")):
         raise BundleError(f"{bundle}: corrupt manifest: the {role} entry needs a 'file' name and 'kv' with integer "
                           "num_layers, num_kv_heads, head_dim and slots")
+    if kv.get("dtype", "float32") not in DTYPES:
+        raise BundleError(f"{bundle}: corrupt manifest: {role} kv dtype '{kv.get('dtype')}' is unknown "
+                          f"(known: {', '.join(DTYPES)})")
+    if manifest.get("format_version", 0) >= 3 and kv.get("dtype", "float32") != manifest["dtype"]:
+        raise BundleError(f"{bundle}: corrupt manifest: {role} kv dtype {kv.get('dtype')} but the bundle's dtype "
+                          f"is {manifest['dtype']}")
+    for names in io["kv"] if isinstance(io["kv"], list) else []:
+        declared = io["inputs"].get(names[0], {}).get("shape") if isinstance(names, list) and names else None
+        if isinstance(declared, list) and declared[1:] != [kv["num_kv_heads"], kv["slots"], kv["head_dim"]]:
+            raise BundleError(f"{bundle}: corrupt manifest: {role} input {names[0]} is {declared[1:]} a row, kv "
+                              f"says {[kv['num_kv_heads'], kv['slots'], kv['head_dim']]}")
     if model["max_batch"] is not None and not _count(model["max_batch"], 1):
         raise BundleError(f"{bundle}: corrupt manifest: {role} max_batch must be null or an integer >= 1")
     # the exporter's headroom for pad rows beyond max_seq_len (step_graph.py): 2, plus max_draft without gqa

@@ -65,7 +65,8 @@ def session_options(threads: int | None, profile: str | None = None, spinning: s
 
 
 def check_io(session, entry: dict, path: Path) -> None:
-    """The graph's inputs and outputs must be exactly what the manifest says (names and dtypes)."""
+    """The graph's inputs and outputs must be exactly what the manifest says (names, dtypes, and the sizes both fix:
+    the KV buffers are allocated from the manifest's)."""
     for kind, declared, actual in (("input", entry["io"]["inputs"], session.get_inputs()),
                                    ("output", entry["io"]["outputs"], session.get_outputs())):
         found = {value.name: value.type for value in actual}
@@ -74,10 +75,16 @@ def check_io(session, entry: dict, path: Path) -> None:
             raise BundleError(f"{path}: the graph's {kind}s differ from the manifest's (graph only: "
                               f"{', '.join(extra[:4]) or '-'}; manifest only: {', '.join(missing[:4]) or '-'}); "
                               "re-export the bundle")
+        shapes = {value.name: value.shape for value in actual}
         for name, tensor in declared.items():
             if ORT_TYPES.get(tensor.get("dtype")) != found[name]:
                 raise BundleError(f"{path}: {kind} {name} is {found[name]} in the graph but "
                                   f"{tensor.get('dtype')} in the manifest; re-export the bundle")
+            shape, graph = tensor.get("shape"), shapes[name]
+            if isinstance(shape, list) and isinstance(graph, list) and len(shape) == len(graph) and any(
+                    isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(shape, graph)):
+                raise BundleError(f"{path}: {kind} {name} is {graph} in the graph but {shape} in the manifest; "
+                                  "re-export the bundle")
 
 
 def _kv_buffers(path: Path, shape: tuple, layers: int, dtype: np.dtype) -> tuple[list, list]:

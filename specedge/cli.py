@@ -320,20 +320,27 @@ def inspect(bundle, verify, backend, device_id, as_json):
         raise OptionError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} with --verify (the row check "
                           "runs on that backend); without it inspect reads the manifest only")
     manifest = read_manifest(bundle, verify_hashes=verify)
-    rows_equal = min_rows = None
+    rows_equal = min_rows = not_here = None
     if verify:
         from specedge.runtime.row_check import bundle_rows_bitwise_equal
-        if backend == "auto":
-            from specedge.runtime.backends import choose_backend
-            backend, why = choose_backend(manifest)
-            click.echo(why, err=True)
-        rows_equal, min_rows = bundle_rows_bitwise_equal(Path(bundle), manifest, backend=backend, device_id=device_id)
+        try:
+            if backend == "auto":
+                from specedge.runtime.backends import choose_backend
+                backend, why = choose_backend(manifest)
+                click.echo(why, err=True)
+            rows_equal, min_rows = bundle_rows_bitwise_equal(Path(bundle), manifest, backend=backend,
+                                                             device_id=device_id)
+        except OptionError as err:          # no backend here runs it (bf16 on a CPU): the checksums still stand
+            not_here = str(err)
     if as_json:
-        here = {"verify_rows_bitwise_equal_here": rows_equal, "target_min_rows_here": min_rows, "backend": backend}
+        here = {"verify_rows_bitwise_equal_here": rows_equal, "target_min_rows_here": min_rows, "backend": backend,
+                **({"rows_not_checked": not_here} if not_here else {})}
         click.echo(json.dumps({**manifest, **here} if verify else manifest, indent=2))
         return
     click.echo(describe(manifest, verified=verify))
-    if verify:
+    if not_here:
+        click.echo(f"  target verify rows: not checked on this machine ({_one_line(not_here)})")
+    elif verify:
         click.echo(f"  target verify rows bitwise equal to single steps on this machine ({backend}): " +
                    (f"yes (a lone token as {min_rows} row{'s' if min_rows > 1 else ''})" if rows_equal else
                     "NO (greedy speculative output may differ from target-only output at near-ties)"))

@@ -82,9 +82,15 @@ def test_fp16_runs_on_the_cpu_provider_and_stays_exact(half_bundles):
     assert np.mean(np.equal(fp32.tokens[:8], target.tokens[:8])) >= 0.5    # the same model, to rounding
 
 
-def test_bf16_is_refused_by_the_cpu_backend_with_the_reason(half_bundles):
+def test_bf16_is_refused_by_the_cpu_backend_with_the_reason(half_bundles, capsys):
     with pytest.raises(OptionError, match="cannot run bfloat16 bundles .*no bfloat16 MatMul"):
         load(half_bundles["bf16"])
+    from specedge.cli import main                   # inspect --verify still checks and describes it
+
+    assert main(["inspect", str(half_bundles["bf16"]), "--verify", "--backend", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "all checksums verified" in out and "target verify rows: not checked on this machine (" in out
+    assert "no bfloat16 MatMul" in out
 
 
 def test_bf16_with_int4_is_refused_at_export(workdir):

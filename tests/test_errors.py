@@ -115,6 +115,10 @@ def test_failed_check_leaves_no_bundle(sources, tmp_path):
     with pytest.raises(ExportError, match="differs from transformers"):
         export_bundle(str(target), str(target), tmp_path / "b", max_seq_len=64, tolerance=-1.0, progress=None)
     _assert_nothing_left(tmp_path, "b")
+    with pytest.raises(ExportError, match="differs from transformers"):      # nor the folders made for it
+        export_bundle(str(target), None, tmp_path / "new" / "deeper" / "b", max_seq_len=64, tolerance=-1.0,
+                      progress=None)
+    assert not (tmp_path / "new").exists()
 
 
 def test_failed_export_keeps_existing_bundle(sources, tmp_path):

@@ -105,6 +105,7 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
     say = Progress(progress)
     if chosen and attention != DEFAULT_ATTENTION:
         say(f"attention: {attention} (a bf16 bundle runs on the cuda backend, which runs standard graphs)")
+    made = [folder for folder in (out.parent, *out.parent.parents) if not folder.exists()]   # removed on failure
     try:                                          # the bundle is written beside --out, then moved into place
         out.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_work(out, say)
@@ -154,6 +155,11 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
         _move_into_place(work, out)
     except BaseException as err:
         shutil.rmtree(work, ignore_errors=True)
+        for folder in made:                               # deepest first; only the empty folders this export made
+            try:
+                folder.rmdir()
+            except OSError:
+                break
         if isinstance(err, OSError):                         # a full disk, a file too large: said in one line
             raise ExportError(f"cannot write the bundle for {out}: {err.strerror or err}; nothing was written") \
                 from err
@@ -389,8 +395,10 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     if not check["ids_equal_argmax"]:
         raise ExportError(f"{role}: the graph's ids output is not the argmax of its logits; nothing was written")
     if not check["max_abs_logit_error"] <= limit:
+        hint = (" (a quantized model: --accuracy-level 0 computes in float, a smaller --block-size quantizes "
+                "closer, --tolerance allows more)" if quantization else "")
         raise ExportError(f"{role}: exported graph differs from transformers by {check['max_abs_logit_error']:.3g} "
-                          f"(tolerance {limit:.3g}); nothing was written")
+                          f"(tolerance {limit:.3g}){hint}; nothing was written")
     if role == "target" and not check["verify_rows_bitwise_equal"]:
         say("target: warning: on this CPU the target's verify rows differ from its single steps in the last bits; "
             "greedy speculative output may differ from target-only output at near-ties")

@@ -34,11 +34,18 @@ class Source:
         import torch
         import transformers
 
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()      # its load report: what it says is checked below, in one line
         try:    # float32: "auto" takes config.dtype, which would round wider stored tensors (or a GGUF's values)
             model, info = transformers.AutoModelForCausalLM.from_pretrained(
                 self.where, dtype=torch.float32, output_loading_info=True, **self.extra)
         except Exception as err:  # noqa: BLE001 - a corrupt file or a shape mismatch raises whatever its library raises
-            raise ExportError(f"cannot load weights of {self.description}: {_first_line(err)}") from err
+            why = _first_line(err)
+            if "ignore_mismatched_sizes" in why:         # transformers' advice is about its own API, not this tool
+                why = "a tensor's shape is not the one config.json describes (do config and weights belong together?)"
+            raise ExportError(f"cannot load weights of {self.description}: {why}") from err
+        finally:
+            transformers.logging.set_verbosity(verbosity)
         # transformers fills what the checkpoint lacks with random values and says so in a log: a bundle of those
         # would pass its own check (the reference is the same filled model), so a missing tensor is an error
         missing = sorted(info.get("missing_keys") or ()) + sorted(info.get("mismatched_keys") or ())

@@ -16,7 +16,6 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from serve_helpers import MODEL, serve_bundle, serve_process  # noqa: E402
-from specedge.bench.serve import free_port  # noqa: E402
 from specedge.cli import main  # noqa: E402
 
 # Ray Serve's own config models use a pydantic form deprecated in pydantic 2 (not ours to fix)
@@ -36,6 +35,22 @@ def _ray_serve():
 @pytest.fixture(scope="module")
 def bundle(workdir):
     return serve_bundle(workdir)
+
+
+def _port_ray_leaves_alone() -> int:
+    """A free port outside Ray's worker range (10002-19999) and the kernel's ephemeral range (32768 up), from which
+    the processes ray.init starts take theirs: a port picked there could be taken before Serve's proxy binds it."""
+    import random
+    import socket
+
+    for port in random.sample(range(20000, 32000), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free port in 20000-31999")
 
 
 def _wait_serving(base: str, proc, log) -> None:
@@ -59,7 +74,7 @@ def test_two_replicas_behind_one_route(bundle, tmp_path):
     _ray_serve()
     from specedge.runtime import load
 
-    port = free_port()
+    port = _port_ray_leaves_alone()
     log = tmp_path / "serve-ray.log"
     env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}    # never a real cluster
     env.update(PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0")
@@ -133,6 +148,24 @@ def test_build_target_for_serve_run(bundle):
         ray_app.BuildArgs.model_validate({"bundle": str(bundle), "min_replicas": "1"})
     with pytest.raises(ValidationError, match="replica"):
         ray_app.BuildArgs.model_validate({"bundle": str(bundle), "replica": "2"})         # a typo is refused
+
+
+def test_a_port_taken_is_a_one_line_error_on_ray_too(bundle, tmp_path):
+    """Ray Serve's proxy reports a port it cannot bind as a wrapped RuntimeError: one line, as without --ray."""
+    _ray_serve()
+    import socket
+
+    port = _port_ray_leaves_alone()
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    env.update(PYTHONUNBUFFERED="1", RAY_USAGE_STATS_ENABLED="0")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        with serve_process([str(bundle), "--ray", "--replicas", "1", "--port", str(port), "--threads", "1",
+                            "--replica-cpus", "0.5"], tmp_path / "log", env) as proc:
+            assert proc.wait(START_TIMEOUT_S) == 1
+    last = (tmp_path / "log").read_text().strip().splitlines()[-1]      # (Ray's actors log their own traces above)
+    assert last.startswith(f"specedge: error: cannot listen on 127.0.0.1:{port} through Ray Serve"), last
 
 
 def test_without_ray_a_one_line_error(bundle, monkeypatch, capsys):

@@ -68,7 +68,7 @@ def rope_inv_freq(rope: dict, head_dim: int) -> np.ndarray:
         return np.where(medium, smoothed, scaled).astype(np.float32)
     if kind == "yarn":
         return _yarn_inv_freq(rope, inv_freq, head_dim)
-    raise ExportError(f"rope scaling type '{kind}' is not supported (supported: default, linear, llama3, yarn)")
+    raise ExportError(f"rope scaling type '{kind}' is not supported (supported: default, linear, dynamic within the trained length, llama3, yarn)")
 
 
 def _yarn_inv_freq(rope: dict, inv_freq: np.ndarray, head_dim: int) -> np.ndarray:

@@ -165,7 +165,10 @@ def run(app, address: str | None = None, host: str = "127.0.0.1", port: int = 80
         # cleanup); signals reach the main thread only
         if threading.current_thread() is threading.main_thread():
             previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        serve.start(http_options={"host": host, "port": port})
+        try:
+            serve.start(http_options={"host": host, "port": port})
+        except Exception as err:  # noqa: BLE001 - its proxy's failure (a port taken) comes as Ray's wrapped error
+            raise SpecedgeError(f"cannot listen on {host}:{port} through Ray Serve: {_last_line(err)}") from None
         try:
             serve.run(app, name=APP_NAME, route_prefix="/")
         except Exception as err:  # noqa: BLE001 - one line: the replicas' own error when Ray reports it

@@ -193,8 +193,8 @@ def test_a_stop_button_thread_cancels_and_waits_while_another_iterates(bundle, b
 
 @pytest.mark.parametrize("background", [False, True])
 def test_closing_or_reading_a_stream_from_its_own_callback_does_not_hang(bundle, background):
-    """close() inside on_token only cancels (the step it would wait for is the one running it); reading the stream
-    there is a clear error."""
+    """close() inside on_token cancels (it never waits); reading the stream there, which would wait for the step
+    running it, is a clear error."""
     gen = load(bundle, max_batch=2, threads=1, background=background)
     box, errors = [], []
 
@@ -211,6 +211,28 @@ def test_closing_or_reading_a_stream_from_its_own_callback_does_not_hang(bundle,
     box.append(stream)
     assert stream.wait().stats.stop_reason == "cancelled" and len(stream.tokens) < 100
     assert errors and "cannot be read from an on_token callback" in errors[0]
+    gen.close()
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_stop_handler_holding_the_lock_its_callback_takes_does_not_hang(bundle, background):
+    """A desktop app: on_token takes the UI lock; the Stop handler closes the stream while holding it."""
+    gen = load(bundle, max_batch=2, threads=1, background=background)
+    ui, started, box = threading.Lock(), threading.Event(), []
+
+    def on_token(ids, piece):
+        started.set()
+        with ui:
+            pass
+
+    stream = gen.stream("hello", max_new_tokens=200, ignore_eos=True, on_token=on_token)
+    reader = threading.Thread(target=lambda: box.append(stream.wait()))
+    reader.start()
+    assert started.wait(10)
+    with ui:
+        stream.close()                                   # returns at once, though the callback waits for `ui`
+    reader.join(20)
+    assert not reader.is_alive() and box[0].stats.stop_reason == "cancelled"
     gen.close()
 
 

@@ -3,6 +3,7 @@ checkpoint lacking a tensor, corrupt weights, a head size GroupQueryAttention ca
 transformers' extensions or that do not render, end-of-turn tokens added to the eos ids."""
 
 import json
+import shutil
 
 import numpy as np
 
@@ -66,24 +67,43 @@ def test_what_appears_at_out_during_an_export_is_not_replaced(source, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.export-")]
 
 
+def test_force_replaces_a_bundle_and_an_empty_folder_is_taken(source, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()                                                             # empty: taken without --force
+    _export(source, out)
+    assert json.loads((out / "manifest.json").read_text())["max_seq_len"] == 64
+    export_bundle(str(source), None, out, max_seq_len=96, max_draft=4, force=True, progress=None)
+    assert json.loads((out / "manifest.json").read_text())["max_seq_len"] == 96
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]                  # nothing aside or discarded left
+
+
 def test_an_export_killed_midway_is_cleaned_up_by_the_next(source, tmp_path):
     """SIGKILL or the out-of-memory killer leave the work folder (and, while replacing, the old bundle moved
     aside): the next export to the same --out removes the first and puts the second back."""
     import subprocess
     import sys
 
+    from specedge.export.pipeline import _owner
+
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    pid = int(dead.stdout)                                                   # a process that has ended
-    (tmp_path / f".out.export-{pid}-abc").mkdir()
-    (tmp_path / f".out.export-{pid}-abc" / "target.onnx.data").write_bytes(b"x" * 1000)
-    _export(source, tmp_path / "out")                                        # _export: no work folder left
+    host, pid = _owner().rsplit("-", 1)[0], int(dead.stdout)                 # a process here that has ended
+    kept = [tmp_path / f".out.export-elsewhere-{pid}-abc",                  # another host's: its pid means nothing
+            tmp_path / f".o[u]t.export-{host}-{pid}-abc"]                    # another --out's (o[u]t is no pattern)
+    for folder in [tmp_path / f".out.export-{host}-{pid}-abc", *kept]:
+        folder.mkdir()
+        (folder / "target.onnx.data").write_bytes(b"x" * 1000)
+    export_bundle(str(source), None, tmp_path / "out", max_seq_len=64, max_draft=4, progress=None)
     assert (tmp_path / "out" / "manifest.json").exists()
-    (tmp_path / "out").rename(tmp_path / f".out.export-{pid}-replaced")     # killed between the two renames
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == sorted(p.name for p in kept)
+    for folder in kept:
+        shutil.rmtree(folder)
+    (tmp_path / "out").rename(tmp_path / f".out.export-{host}-{pid}-replaced")   # killed between the two renames
     lines = _export(source, tmp_path / "other")
     assert not (tmp_path / "out").exists()                                   # another --out: not touched
-    with pytest.raises(ExportError, match="already holds a bundle"):
+    with pytest.raises(ExportError, match="already holds a bundle"):          # put back first, then refused at once
         export_bundle(str(source), None, tmp_path / "out", max_seq_len=64, max_draft=4, progress=lines.append)
     assert (tmp_path / "out" / "manifest.json").exists() and any("put back out" in line for line in lines)
+    assert not any("writing step graph" in line for line in lines[-3:])
 
 
 def test_sigterm_ends_an_export_leaving_nothing(source, tmp_path):

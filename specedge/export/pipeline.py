@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -86,6 +87,9 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
     if dtype == "bfloat16" and attention == "gqa":
         raise ExportOptionError("a bf16 bundle runs on the cuda backend only (onnxruntime's CPU provider has no "
                                 "bfloat16 MatMul), which runs --attention standard graphs: drop --attention gqa")
+    say = Progress(progress)
+    if out.parent.is_dir():                       # first: a killed export may have moved an old bundle aside
+        _remove_stale_work(out, say)
     _validate(out, max_seq_len, max_draft, force)
     quantizations = {"target": parse_quantization(quantize, block_size, accuracy_level),
                      "draft": parse_quantization(draft_quantize or quantize, block_size, accuracy_level)}
@@ -102,14 +106,12 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
         quantize_embeddings = any(quantizations.values())
     if quantize_embeddings and not any(quantizations.values()):
         raise ExportOptionError("--quantize-embeddings needs --quantize or --draft-quantize (int4 or int8)")
-    say = Progress(progress)
     if chosen and attention != DEFAULT_ATTENTION:
         say(f"attention: {attention} (a bf16 bundle runs on the cuda backend, which runs standard graphs)")
     made = [folder for folder in (out.parent, *out.parent.parents) if not folder.exists()]   # removed on failure
     try:                                          # the bundle is written beside --out, then moved into place
         out.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_work(out, say)
-        work = Path(tempfile.mkdtemp(prefix=f"{_work_prefix(out)}{os.getpid()}-", dir=out.parent))
+        work = Path(tempfile.mkdtemp(prefix=f"{_work_prefix(out)}{_owner()}-", dir=out.parent))
     except (FileExistsError, NotADirectoryError):        # a file where a folder of the path would be
         raise ExportError(f"cannot write a bundle at {out}: a file stands where one of its folders would be") \
             from None
@@ -150,9 +152,8 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
         manifest["files"] = {p.name: file_record(p) for p in sorted(work.iterdir()) if p.is_file()}
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         read_manifest(work)                                  # what the runtime will check, checked here first
-        _validate(out, max_seq_len, max_draft, force)        # again: --out may have changed during the export
         work.chmod(0o755)
-        _move_into_place(work, out)
+        _move_into_place(work, out, force)
     except BaseException as err:
         shutil.rmtree(work, ignore_errors=True)
         for folder in made:                               # deepest first; only the empty folders this export made
@@ -161,25 +162,35 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
             except OSError:
                 break
         if isinstance(err, OSError):                         # a full disk, a file too large: said in one line
-            raise ExportError(f"cannot write the bundle for {out}: {err.strerror or err}; nothing was written") \
-                from err
+            where = f" ({err.filename})" if err.filename else ""
+            raise ExportError(f"export stopped: {err.strerror or err}{where}; nothing was written") from err
         raise
     say(f"wrote {out}")
     return out
 
 
 def _work_prefix(out: Path) -> str:
-    return f".{out.name}.export-"                 # then the exporting process's id: .OUT.export-PID-xxxx
+    return f".{out.name}.export-"                 # then _owner(): .OUT.export-HOST-PID-xxxx
+
+
+def _owner() -> str:
+    """This export's machine and process: a work folder is another's to remove only where its process is gone,
+    which only the same machine can tell (a volume may be shared with other hosts or containers)."""
+    host = "".join(c if c.isalnum() else "_" for c in socket.gethostname()) or "host"
+    return f"{host}-{os.getpid()}"
 
 
 def _remove_stale_work(out: Path, say) -> None:
-    """Work folders of exports to the same --out whose process is gone (killed: SIGKILL or out of memory leave them,
-    possibly gigabytes): removed; a running export's are left alone."""
-    for folder in out.parent.glob(f"{_work_prefix(out)}*"):
-        pid = folder.name[len(_work_prefix(out)):].split("-")[0]
+    """Work folders of exports to the same --out made on this machine by a process that is gone (SIGKILL or the
+    out-of-memory killer leave them, possibly gigabytes): removed; an old bundle such an export had moved aside
+    to replace it (-replaced) is put back where --out is free. A running export's, or another host's, are left."""
+    prefix, host = _work_prefix(out), _owner().rsplit("-", 1)[0]
+    for folder in out.parent.iterdir():
+        rest = folder.name[len(prefix):] if folder.name.startswith(prefix) else ""
+        pid = rest[len(host) + 1:].split("-")[0] if rest.startswith(f"{host}-") else ""
         if not pid.isdigit() or _alive(int(pid)):
             continue
-        if folder.name.endswith("-replaced") and not out.exists():      # killed while swapping: the old bundle
+        if folder.name.endswith("-replaced") and not out.exists() and (folder / MANIFEST).exists():
             folder.rename(out)
             say(f"put back {out.name}, which an export killed while replacing it had moved aside")
         else:
@@ -197,23 +208,40 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _move_into_place(work: Path, out: Path) -> None:
-    """work -> out; an existing bundle (--force) is moved aside first and removed only once the new one is in place,
-    so a failure at this point leaves the old one where it was."""
+def _move_into_place(work: Path, out: Path, force: bool) -> None:
+    """work -> out. An existing bundle (--force) is moved aside first, checked to be the bundle (not something
+    that took its place meanwhile), and removed only once the new one is in place: a failure here leaves it."""
+    _check_out(out, force)                                   # again: --out may have changed during the export
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()                                          # an empty folder is taken (rename needs it gone)
     if not out.exists():
         work.rename(out)
         return
-    aside = out.with_name(f"{_work_prefix(out)}{os.getpid()}-replaced")
+    owner = f"{_work_prefix(out)}{_owner()}"
+    aside = out.with_name(f"{owner}-replaced")
     out.rename(aside)
+    if not (aside / MANIFEST).exists():                      # replaced in the instant between: not ours to remove
+        aside.rename(out)
+        raise ExportError(f"{out} changed while the export finished; nothing was replaced")
     try:
         work.rename(out)
     except BaseException:
         aside.rename(out)
         raise
-    shutil.rmtree(aside, ignore_errors=True)
+    discard = aside.rename(out.with_name(f"{owner}-discard"))  # never taken for an old bundle to put back
+    shutil.rmtree(discard, ignore_errors=True)
 
 
 def _validate(out: Path, max_seq_len: int, max_draft: int, force: bool) -> None:
+    _check_out(out, force)
+    if max_seq_len < MIN_SEQ_LEN:
+        raise ExportOptionError(f"--max-seq-len must be at least {MIN_SEQ_LEN}, got {max_seq_len}")
+    if not 1 <= max_draft <= MAX_DRAFT_LIMIT:
+        raise ExportOptionError(f"--max-draft must be between 1 and {MAX_DRAFT_LIMIT}, got {max_draft}")
+
+
+def _check_out(out: Path, force: bool) -> None:
+    """--out may be new, an empty folder, or (with force) a bundle; anything else is the user's and stays."""
     if out.is_symlink():
         raise ExportError(f"{out} is a symbolic link (to {os.readlink(out)}): give the folder itself as --out")
     if out.exists() and not out.is_dir():
@@ -224,10 +252,6 @@ def _validate(out: Path, max_seq_len: int, max_draft: int, force: bool) -> None:
         raise ExportError(f"{out} exists and is not a bundle; choose another --out (export never replaces it)")
     if out.exists() and not empty and not force:
         raise ExportError(f"{out} already holds a bundle (pass --force to replace it)")
-    if max_seq_len < MIN_SEQ_LEN:
-        raise ExportOptionError(f"--max-seq-len must be at least {MIN_SEQ_LEN}, got {max_seq_len}")
-    if not 1 <= max_draft <= MAX_DRAFT_LIMIT:
-        raise ExportOptionError(f"--max-draft must be between 1 and {MAX_DRAFT_LIMIT}, got {max_draft}")
 
 
 def _shared_vocab(sources: dict[str, Source], say) -> int:

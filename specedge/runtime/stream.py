@@ -11,10 +11,9 @@ from specedge.runtime.sequences import GenerationResult, Sequence
 
 class Stream:
     """Iterate for text pieces as tokens are committed; `result` holds the GenerationResult once it ends.
-    `cancel()` (from any thread), `close()`, leaving a `with` block or dropping the iterator early ends the request:
-    its slot is free at the next step boundary, and the result's stop_reason is "cancelled". close() and a `with`
-    block's end (the iterating thread's calls) also wait for that boundary, so `result` is there after them; after
-    cancel(), `wait()` returns it."""
+    `cancel()` / `close()` (from any thread, never blocking), leaving a `with` block or dropping the iterator early
+    ends the request: its slot is free at the next step boundary, and the result's stop_reason is "cancelled";
+    `wait()` returns that result (also while another thread iterates)."""
 
     def __init__(self, seq: Sequence, scheduler):
         self._seq, self._scheduler = seq, scheduler
@@ -78,26 +77,16 @@ class Stream:
         """Ends the request at the next step boundary; returns at once (safe from any thread)."""
         self._seq.cancelled.set()
 
-    def close(self) -> None:
-        """Cancels and waits for the final result (at most one step); inside an on_token callback it only cancels
-        (the step it would wait for is the one running)."""
-        if self.result is None and self._error is None:
-            self.cancel()
-            if self._scheduler.in_step():
-                return
-            try:
-                self.wait()
-            except SpecedgeError:          # the request failed first: raised again to whoever iterates
-                pass
+    # close() does not wait for the result: a Stop handler holding a lock its on_token callback takes, a signal
+    # handler on the reading thread, or a stream whose events go to another outbox would wait for ever
+    close = cancel
 
     def __enter__(self):
         return self
 
-    def __exit__(self, exc_type, *exc) -> None:
-        if exc_type is None:
-            self.close()
-        elif self.result is None and self._error is None:
-            self.cancel()                   # an exception is on its way out: no waiting for the step
+    def __exit__(self, *exc) -> None:
+        if self.result is None and self._error is None:
+            self.cancel()
 
     def __del__(self):
         if self.result is None and not self._seq.done:

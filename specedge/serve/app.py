@@ -182,7 +182,8 @@ class Service:
         except QueueFull as err:
             raise _busy(str(err)) from None
         except NoDraftModel as err:
-            raise invalid(err.worded('"speculation": "off"', '"speculation": {"drafter": "ngram"}'),
+            ngram = '"speculation": {"policy": "adaptive", "drafter": "ngram"}'
+            raise invalid(err.worded('"speculation": "off"', ngram),
                           "speculation") from None
         except OptionError as err:
             text = str(err)

@@ -10,6 +10,7 @@ rows cost under max_batch B: the graph only ever sees [B, ...] tensors.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import numpy as np
 
 from specedge.errors import BundleError, OptionError
 from specedge.runtime.backends.base import ModelBackend, pad_call
+
+log = logging.getLogger("specedge.runtime")
 
 # what onnxruntime 1.32's CPU provider lacks for a half-precision step graph (tried on exported tiny bundles)
 CPU_GAPS = {"bfloat16": "onnxruntime's CPU provider has no bfloat16 MatMul"}
@@ -88,21 +91,21 @@ def check_io(session, entry: dict, path: Path) -> None:
 
 
 def _kv_buffers(path: Path, shape: tuple, layers: int, dtype: np.dtype) -> tuple[list, list]:
-    """K and V buffers [N, H_kv, S, D] per layer, zeroed (pages come as slots are used), or a one-line OptionError
-    where max_batch asks for more than the machine has."""
+    """K and V buffers [N, H_kv, S, D] per layer, zeroed: their pages come as sequences fill them, so more than the
+    machine's memory is a warning (fine while the slots' sequences stay short), and only a size that cannot be
+    allocated at all a one-line OptionError."""
     need = 2 * layers * int(np.prod(shape)) * dtype.itemsize
     physical = _physical_memory()
-
-    def refusal(why: str) -> OptionError:
-        return OptionError(f"{path.name}: KV buffers for max_batch {shape[0]} take {_size(need)} "
-                           f"({_size(need // shape[0])} a slot), {why}; lower --max-batch / max_batch")
-
+    sizes = f"KV buffers for max_batch {shape[0]} take {_size(need)} ({_size(need // shape[0])} a slot)"
     if physical and need > physical:
-        raise refusal(f"more than this machine's {_size(physical)} of memory")
+        log.warning("%s: %s, more than this machine's %s of memory: they fill as sequences grow, and long sequences "
+                    "in every slot would run out of it (a lower --max-batch / max_batch avoids that)",
+                    path.name, sizes, _size(physical))
     try:
         return [np.zeros(shape, dtype) for _ in range(layers)], [np.zeros(shape, dtype) for _ in range(layers)]
     except MemoryError:
-        raise refusal("which could not be allocated") from None
+        raise OptionError(f"{path.name}: {sizes}, which could not be allocated; lower --max-batch / max_batch") \
+            from None
 
 
 def _size(n: int) -> str:

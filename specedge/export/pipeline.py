@@ -185,13 +185,20 @@ def _remove_stale_work(out: Path, say) -> None:
     out-of-memory killer leave them, possibly gigabytes): removed; an old bundle such an export had moved aside
     to replace it (-replaced) is put back where --out is free. A running export's, or another host's, are left."""
     prefix, host = _work_prefix(out), _owner().rsplit("-", 1)[0]
-    for folder in out.parent.iterdir():
+    try:
+        folders = list(out.parent.iterdir())
+    except OSError:                               # unreadable: the export's own writing will say what is wrong
+        return
+    for folder in folders:
         rest = folder.name[len(prefix):] if folder.name.startswith(prefix) else ""
         pid = rest[len(host) + 1:].split("-")[0] if rest.startswith(f"{host}-") else ""
         if not pid.isdigit() or _alive(int(pid)):
             continue
         if folder.name.endswith("-replaced") and not out.exists() and (folder / MANIFEST).exists():
-            folder.rename(out)
+            try:
+                folder.rename(out)
+            except OSError:
+                continue
             say(f"put back {out.name}, which an export killed while replacing it had moved aside")
         else:
             shutil.rmtree(folder, ignore_errors=True)

@@ -298,6 +298,22 @@ def test_a_mistyped_path_beside_its_folder_is_not_tried_as_a_hub_id(tmp_path, mo
         _export("models/qwen-typo", tmp_path / "out")
 
 
+def test_a_hub_id_without_a_network_is_refused_in_seconds(tmp_path, monkeypatch):
+    """No retries for ~25 s: one connection tried (here refused at once), and what to do with a cached model."""
+    import socket
+
+    def refused(address, timeout):
+        assert timeout <= 3
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(socket, "create_connection", refused)
+    with pytest.raises(ExportError, match=r"org/model: cannot reach huggingface\.co for this hub id \(Connection "
+                                          r"refused\); a model already in the Hugging Face cache exports with "
+                                          r"HF_HUB_OFFLINE=1"):
+        _export("org/model", tmp_path / "out")
+
+
 YARN = [{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1e6},  # Qwen2.5
         {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 1e4,
          "beta_fast": 16, "truncate": False},

@@ -117,6 +117,8 @@ def open_source(src: str) -> Source:
     import transformers
 
     kind, where, extra = _locate(src)
+    if kind == "hub":
+        _reachable_hub(src)
     try:
         config = transformers.AutoConfig.from_pretrained(where, **extra)
         tokenizer = transformers.AutoTokenizer.from_pretrained(where, **extra)
@@ -145,6 +147,26 @@ def open_source(src: str) -> Source:
         raise ExportError(f"{src}: {gemma[0]} from a GGUF file is not supported (transformers' GGUF reader drops "
                           "some of its settings); export it from its Hugging Face folder")
     return Source(src, kind, where, extra, cfg, tokenizer, text_of, config)
+
+
+def _reachable_hub(src: str) -> None:
+    """A hub id needs the hub: without a network huggingface_hub retries for ~25 s before failing, so a connection
+    is tried first (3 s). Offline mode (HF_HUB_OFFLINE=1: the local cache only) skips it."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError as err:
+        raise ExportError(f"{src}: cannot reach {host} for this hub id ({err.strerror or err}); a model already in the "
+                          "Hugging Face cache exports with HF_HUB_OFFLINE=1") from None
 
 
 # image-and-text checkpoints whose language model exports alone: architecture -> that model's architecture

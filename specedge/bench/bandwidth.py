@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from specedge.runtime.manifest import DTYPES
+
 
 def copy_bandwidth(nbytes: int = 512 << 20, repeats: int = 5, threads: int | None = None) -> dict:
     """STREAM-style copy with one numpy copy per thread (numpy releases the GIL) -> bytes moved per second,
@@ -68,8 +70,7 @@ def bytes_per_token(model: dict) -> int:
     spec = model["spec"]
     embedding = model.get("embedding_bytes") or spec["vocab_size"] * spec["hidden_size"] * 4
     # a quantized model's LM head is a matrix of its own; the embedding table is only gathered from
-    gather_only = not spec["tied_embeddings"] or model.get("weights", "float32") not in ("float32", "float16",
-                                                                                         "bfloat16")
+    gather_only = not spec["tied_embeddings"] or model.get("weights", "float32") not in DTYPES
     return model["weight_bytes"] - (embedding if gather_only else 0)
 
 

@@ -152,14 +152,13 @@ def open_source(src: str) -> Source:
 def _reachable_hub(src: str) -> None:
     """A hub id needs the hub: without a network huggingface_hub retries for ~25 s before failing, so a connection
     is tried first (3 s). Offline mode (HF_HUB_OFFLINE=1: the local cache only) skips it."""
-    import os
     import socket
     from urllib.parse import urlparse
 
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        return
     from huggingface_hub import constants
 
+    if constants.HF_HUB_OFFLINE:                  # huggingface_hub's own reading of HF_HUB_OFFLINE
+        return
     url = urlparse(constants.ENDPOINT)
     host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
     try:

@@ -180,7 +180,7 @@ class Scheduler:
 
     def clear_prompt_cache(self) -> None:
         """Forgets what free slots hold (the next requests prefill their whole prompts)."""
-        if getattr(self._inside, "step", False):
+        if self.in_step():
             raise SpecedgeError("clear_prompt_cache cannot be called from an on_token callback (it runs inside a "
                                 "step)")
         with self.drive:

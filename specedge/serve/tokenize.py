@@ -26,10 +26,11 @@ def _defaults(body: dict) -> dict:
     return {"add_special_tokens": True} if "prompt" in body else {}
 
 
-def _checked(body, known: set[str], limits: Limits) -> dict:
+def _checked(body, known: set[str], limits: Limits, defaults=lambda body: {}) -> dict:
+    """defaults(body): vLLM's switches this route takes at one value only (name -> that value)."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
-    defaults = _defaults(body) if known is _TOKENIZE else {}
+    defaults = defaults(body)
     for name, value in body.items():
         if name in defaults and value is not defaults[name]:
             raise unsupported(name, value, " (the ids are those the generating routes feed)")
@@ -44,7 +45,7 @@ def _checked(body, known: set[str], limits: Limits) -> dict:
 
 
 def tokenize(body, gen, limits: Limits) -> dict:
-    body = _checked(body, _TOKENIZE, limits)
+    body = _checked(body, _TOKENIZE, limits, _defaults)
     if ("prompt" in body) == ("messages" in body):
         raise invalid("give either 'prompt' or 'messages'", "prompt")
     if "prompt" in body:

@@ -409,7 +409,7 @@ def describe(m: dict, verified: bool = False) -> str:
             f"  {role}: {model['architecture']} from {model['source']} ({model['graph_variant']}, "
             f"{'any batch' if model.get('max_batch') is None else 'one row per call'})",
             f"    {spec['num_layers']} layers, hidden {spec['hidden_size']}, heads {spec['num_heads']}/"
-            f"{spec['num_kv_heads']} kv, head_dim {spec['head_dim']}",
+            f"{spec['num_kv_heads']} kv, head_dim {spec['head_dim']}{_rope_words(spec)}",
             f"    weights {model.get('weights', 'float32')} {model['weight_bytes'] / 2**20:.1f} MiB "
             f"({_embedding_line(model)}), KV {kv_bytes / 2**20:.1f} MiB per slot",
             f"    export check: max logit error {check.get('max_abs_logit_error', float('nan')):.2e} "
@@ -431,6 +431,16 @@ def describe(m: dict, verified: bool = False) -> str:
                  "(each further concurrent sequence, --max-batch, adds one slot per model)")
     lines.append(f"  files: {len(m['files'])}" + (", all checksums verified" if verified else ""))
     return "\n".join(lines)
+
+
+def _rope_words(spec: dict) -> str:
+    """", rope longrope (long factors), 96 of 128 dims turned" and the like; "" for learned positions."""
+    rope = spec.get("rope") or {}
+    if not rope:
+        return ""
+    words = f", rope {rope.get('type', 'default')}" + (" (long factors)" if rope.get("long") else "")
+    turned = spec.get("rotary_dim") or spec["head_dim"]
+    return words + (f", {turned} of {spec['head_dim']} dims turned" if turned < spec["head_dim"] else "")
 
 
 def _embedding_line(model: dict) -> str:

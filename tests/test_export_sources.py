@@ -231,11 +231,12 @@ def test_only_special_tokens_are_added_as_end_of_turn():
 
     from specedge.export.sources import _eos_ids
 
-    tok = Tokenizer(models.WordLevel(vocab={"a": 0, "</s>": 1, "<|im_end|>": 2, "<eos>": 3}, unk_token="a"))
+    tok = Tokenizer(models.WordLevel(vocab={"a": 0, "</s>": 1, "<|im_end|>": 2, "<eos>": 3, "<|end|>": 4},
+                                     unk_token="a"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens(["<|im_end|>", "<eos>"])
+    tok.add_special_tokens(["<|im_end|>", "<eos>", "<|end|>"])          # <|end|>: Phi-3's end of turn
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
-    assert _eos_ids(None, {}, fast) == ([3, 2], ["<|im_end|> (2)"])
+    assert _eos_ids(None, {}, fast) == ([3, 2, 4], ["<|im_end|> (2)", "<|end|> (4)"])
 
 
 @pytest.mark.parametrize("arch,settings,sliding", [
@@ -350,6 +351,73 @@ def test_yarn_rope_exports_and_matches_transformers(tmp_path, attention):
                   progress=None)
     entry = load(tmp_path / "out").manifest["models"]["target"]
     assert entry["spec"]["rope"]["type"] == "yarn" and entry["export_check"]["max_abs_logit_error"] < 1e-3
+
+
+def _phi3_config(**rope_changes):
+    import transformers
+
+    base = tm.make_config("phi3", 260).to_dict()
+    return transformers.Phi3Config(**{**base, "rope_parameters": {**base["rope_parameters"], **rope_changes}})
+
+
+@pytest.mark.parametrize("rope_changes", [{}, {"attention_factor": 1.3}, {"factor": 8.0}])
+@pytest.mark.parametrize("long", [False, True])
+def test_longrope_frequencies_and_attention_factor_are_transformers_own(rope_changes, long):
+    """Short or long factors over the 8 rotary dims of a 16-dim head (partial_rotary_factor 0.5); the attention factor
+    from the lengths' ratio, from `factor` or given."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from specedge.models.spec import rope_attention_factor, rope_from_config, rope_inv_freq, rotary_dim_of
+
+    config = _phi3_config(**rope_changes)
+    inv_freq, factor = ROPE_INIT_FUNCTIONS["longrope"](config, "cpu", seq_len=257 if long else None)
+    ours = {**rope_from_config(config.to_dict(), partial_rotary=True), "long": long}
+    assert rotary_dim_of(config.to_dict(), 16) == 8
+    np.testing.assert_allclose(rope_inv_freq(ours, 8), inv_freq.numpy(), rtol=1e-6, atol=0)
+    assert rope_attention_factor(ours) == pytest.approx(factor, rel=1e-12) and factor != 1.0
+
+
+def test_partial_rotary_dims_are_refused_where_the_architecture_has_none():
+    with pytest.raises(ExportError, match="partial rotary embeddings are not supported for this architecture"):
+        from specedge.models import llama
+        llama.spec_from_config({**tm.make_config("llama", 260).to_dict(), "partial_rotary_factor": 0.5},
+                               "LlamaForCausalLM")
+
+
+@pytest.mark.parametrize("attention", ["gqa", "standard"])
+def test_phi3_longer_than_its_original_length_takes_the_long_factors(tmp_path, capsys, attention):
+    """max_seq_len 512 past the original 256: the graph turns every position with LongRoPE's long factors (as
+    llama.cpp does for a longer context), and equals transformers' model given those factors; the short ones would
+    differ. Within 256 positions (the arch tests) the graph equals transformers' model as it comes."""
+    import torch
+    import transformers
+
+    from conftest import cursor_of
+
+    src = tm.save(tm.make_model("phi3", 260, seed=4), tm.byte_tokenizer(), tmp_path / "phi3")
+    bundle = export_bundle(str(src), None, tmp_path / "out", max_seq_len=512, max_draft=4, attention=attention,
+                           progress=None)
+    entry = load(bundle).manifest["models"]["target"]
+    assert entry["spec"]["rope"]["long"] is True and entry["spec"]["rotary_dim"] == 8
+    assert entry["export_check"]["max_abs_logit_error"] < 1e-3
+    from specedge.cli import main
+
+    assert main(["inspect", str(bundle)]) == 0
+    assert "head_dim 16, rope longrope (long factors), 8 of 16 dims turned" in capsys.readouterr().out
+    ids = np.random.default_rng(3).integers(0, 260, size=30).tolist()
+    model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    with torch.no_grad():
+        short = model(torch.tensor([ids])).logits[0].numpy()
+        rotary = model.model.rotary_emb
+        long_factors = torch.tensor([2.0, 3.0, 5.0, 9.0])
+        long_freq = 1.0 / (long_factors * 10000.0 ** (torch.arange(0, 8, 2, dtype=torch.int64).float() / 8))
+        rotary.original_inv_freq.copy_(long_freq)
+        rotary.inv_freq.copy_(long_freq)
+        reference = model(torch.tensor([ids])).logits[0].numpy()
+    cursor = cursor_of(bundle)
+    ours = np.concatenate([cursor.feed(ids[:12]).copy(), cursor.feed(ids[12:17]).copy(), cursor.feed(ids[17:]).copy()])
+    np.testing.assert_allclose(ours, reference, atol=1e-4, rtol=1e-4)
+    assert np.abs(short - reference).max() > 1e-2
 
 
 def test_gemma3_image_and_text_checkpoint_exports_its_language_model(tmp_path):

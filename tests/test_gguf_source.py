@@ -1,7 +1,6 @@
 """A GGUF file as the source: a tiny Qwen2 and a tiny Qwen3 written with the gguf package (f32 and Q8_0 tensors)."""
 
 import gguf
-import numpy as np
 import pytest
 
 import tiny_models as tm
@@ -110,12 +109,14 @@ def test_gguf_qwen3_export_matches_transformers(tmp_path):
     assert gen.generate("the cat", max_new_tokens=32, k=4, ignore_eos=True).tokens == base.tokens
 
 
-def test_gemma_from_a_gguf_file_is_refused_before_its_weights_load(tmp_path):
-    """transformers' GGUF reader drops Gemma 3's rope scaling and the 27B models' query scale: a Gemma GGUF is one
-    clear error (export from the Hugging Face folder), not a bundle checked against the same wrong model."""
+@pytest.mark.parametrize("arch,name", [("gemma2", "Gemma2ForCausalLM"), ("phi3", "Phi3ForCausalLM")])
+def test_a_gguf_whose_settings_the_reader_drops_is_refused_before_its_weights_load(tmp_path, arch, name):
+    """transformers' GGUF reader drops Gemma 3's rope scaling and the 27B models' query scale, and Phi-3's LongRoPE
+    factors, partial rotary dims and sliding window: such a GGUF is one clear error (export from the Hugging Face
+    folder), not a bundle checked against the same wrong model."""
     from specedge.errors import ExportError
 
-    write_gguf(tm.make_model("gemma2", 260, seed=1), tmp_path / "gemma.gguf", quantize=False, tensors=False)
-    with pytest.raises(ExportError, match="Gemma2ForCausalLM from a GGUF file is not supported.*Hugging Face folder"):
-        export_bundle(str(tmp_path / "gemma.gguf"), None, tmp_path / "bundle", max_seq_len=64, progress=None)
+    write_gguf(tm.make_model(arch, 260, seed=1), tmp_path / "model.gguf", quantize=False, tensors=False)
+    with pytest.raises(ExportError, match=f"{name} from a GGUF file is not supported.*Hugging Face folder"):
+        export_bundle(str(tmp_path / "model.gguf"), None, tmp_path / "bundle", max_seq_len=64, progress=None)
     assert not (tmp_path / "bundle").exists()

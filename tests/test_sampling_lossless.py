@@ -5,7 +5,6 @@ by enumeration from the target's warped distributions; speculative samples must 
 test must reject a deliberately wrong acceptance rule.
 """
 
-import itertools
 
 import numpy as np
 import pytest

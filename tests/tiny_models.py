@@ -42,7 +42,7 @@ def word_tokenizer(n_words: int) -> transformers.PreTrainedTokenizerFast:
 def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, seed: int = 0):
     """Configs exercising GQA, q/k/v and o biases, tied and untied heads, rope scaling, a head_dim other than
     hidden / heads, per-head q/k norms (qwen3, gemma3), soft-capping (gemma2), sliding windows and a rope per layer
-    type (gemma3)."""
+    type (gemma3), fused q/k/v and gate/up weights, LongRoPE and partial rotary dims (phi3)."""
     common = dict(vocab_size=vocab_rows, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                   num_attention_heads=4, max_position_embeddings=512)
     if arch == "qwen2":
@@ -65,6 +65,12 @@ def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, s
         return transformers.Gemma3TextConfig(num_key_value_heads=1, head_dim=24, query_pre_attn_scalar=16,
                                              sliding_window=6, layer_types=["sliding_attention", "full_attention"],
                                              rope_parameters=rope, **common)
+    if arch == "phi3":     # LongRoPE (short factors within the original 256 positions), half the head turned
+        rope = {"rope_type": "longrope", "short_factor": [1.0, 1.3, 1.7, 2.5], "long_factor": [2.0, 3.0, 5.0, 9.0],
+                "partial_rotary_factor": 0.5, "original_max_position_embeddings": 256}
+        return transformers.Phi3Config(num_key_value_heads=2, original_max_position_embeddings=256, sliding_window=6,
+                                       partial_rotary_factor=0.5, rope_parameters=rope, tie_word_embeddings=False,
+                                       **common)
     if arch == "mistral":
         return transformers.MistralConfig(num_key_value_heads=1, tie_word_embeddings=False, sliding_window=None,
                                           **common)

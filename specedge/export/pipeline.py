@@ -19,7 +19,7 @@ from specedge.export.check import (check_graph, dequantized_overrides, prompt_ag
 from specedge.export.dtype_audit import audit_dtype
 from specedge.export.onnx_builder import FLOAT_TYPES, GraphBuilder
 from specedge.export.quantize import Quantization, parse_quantization
-from specedge.export.reference_model import skeleton
+from specedge.export.reference_model import long_rope_everywhere, skeleton
 from specedge.export.source_weights import SourceWeights, open_weights
 from specedge.export.sources import Source, open_source
 from specedge.export.step_graph import ATTENTION_VARIANTS, StepGraph
@@ -344,8 +344,15 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
                               f"supported; export with --max-seq-len {original} or less")
         spec.rope = {"type": "default", "theta": spec.rope["theta"]}
         say(f"{role}: dynamic rope scaling runs as the default within its {original} positions")
+    if spec.rope.get("type") == "longrope" and max_seq_len > spec.rope["original_max_position_embeddings"]:
+        # transformers switches every frequency to the long factors once a sequence passes the original length,
+        # keeping the keys cached before: a static graph takes the long ones for every position, as llama.cpp does
+        # for a context longer than the original
+        spec.rope["long"] = True
+        say(f"{role}: LongRoPE's long factors at every position (max_seq_len {max_seq_len} exceeds the original "
+            f"{spec.rope['original_max_position_embeddings']}); the check's reference uses them too")
     if spec.rope:
-        rope_inv_freq(spec.rope, spec.head_dim)            # an unsupported scaling refused before the weights load
+        rope_inv_freq(spec.rope, spec.rotary_dim)          # an unsupported scaling refused before the weights load
     if attention == "gqa" and spec.head_dim % 8:
         raise ExportError(f"{role}: head_dim {spec.head_dim} is not a multiple of 8, which onnxruntime's "
                           "GroupQueryAttention needs; export with --attention standard")
@@ -357,6 +364,8 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
             "text beyond them may degrade")
     say(f"{role}: opening the weights of {architecture} ({spec.num_layers} layers, hidden {spec.hidden_size})")
     model = skeleton(source)                       # transformers' model without weights: the check's reference
+    if spec.rope.get("long"):
+        long_rope_everywhere(model)
     source_weights = open_weights(source, model)
     say(f"{role}: weights {source_weights.how}")
     eos_ids, added = source.eos_token_ids()

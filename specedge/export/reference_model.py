@@ -27,6 +27,25 @@ def skeleton(source):
     return model.eval()
 
 
+def long_rope_everywhere(model) -> None:
+    """LongRoPE's long factors at every position in the reference, as a bundle longer than the original length has
+    them; transformers' own model takes them only for a sequence longer than that."""
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    changed = 0
+    for module in model.modules():
+        if getattr(module, "rope_type", None) == "longrope" and hasattr(module, "original_inv_freq"):
+            original = module.config.rope_parameters["original_max_position_embeddings"]
+            long_freq, _ = ROPE_INIT_FUNCTIONS["longrope"](module.config, None, seq_len=original + 1)
+            with torch.no_grad():
+                module.original_inv_freq.copy_(long_freq)
+                module.inv_freq.copy_(long_freq)
+            changed += 1
+    if not changed:
+        raise RuntimeError("the reference model has no LongRoPE embedding to switch to its long factors")
+
+
 @contextmanager
 def weights_while_running(model, weights, overrides: Overrides | None = None):
     """Within it, each module of `model` runs with its own parameters read from `weights` (SourceWeights), or from

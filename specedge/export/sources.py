@@ -140,11 +140,12 @@ def open_source(src: str) -> Source:
     if text_of:
         config = config.text_config
         config.tie_word_embeddings = cfg["tie_word_embeddings"]    # the whole model's setting (_text_config)
-    gemma = [name for name in cfg["architectures"] if name.startswith("Gemma")]
-    if kind == "gguf" and gemma:
-        # transformers' GGUF reader leaves out Gemma 3's rope scaling (4B and up) and the 27B models' query scale:
-        # the export check would compare with the same wrong model
-        raise ExportError(f"{src}: {gemma[0]} from a GGUF file is not supported (transformers' GGUF reader drops "
+    dropped = [name for name in cfg["architectures"] if name.startswith("Gemma") or name == "Phi3ForCausalLM"]
+    if kind == "gguf" and dropped:
+        # transformers' GGUF reader leaves out Gemma 3's rope scaling (4B and up) and the 27B models' query scale,
+        # and Phi-3's LongRoPE factors, partial rotary dims and sliding window: the export check would compare with
+        # the same wrong model
+        raise ExportError(f"{src}: {dropped[0]} from a GGUF file is not supported (transformers' GGUF reader drops "
                           "some of its settings); export it from its Hugging Face folder")
     return Source(src, kind, where, extra, cfg, tokenizer, text_of, config)
 
@@ -207,7 +208,7 @@ def _eos_ids(generation, cfg: dict, tokenizer) -> tuple[list[int], list[str]]:
     # in Qwen2.5's vocabulary "</s>" is plain text (id 128247, an HTML tag's end), and stopping there cut code
     special = set(tokenizer.all_special_tokens) | {
         t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", False)}
-    for text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "</s>"):
+    for text in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>", "</s>"):
         tid = tokenizer.convert_tokens_to_ids(text) if text in special else None
         if isinstance(tid, int) and tid not in found:
             found.append(tid)

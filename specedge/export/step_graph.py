@@ -162,9 +162,9 @@ class StepGraph:
         return self.cos_sin.get("local" if local else "")
 
     def _rope_tables(self, rope: dict, key: str) -> tuple[str, str]:
-        """standard: cos/sin of each row's angles, computed from its position [B, 1, T, D/2]."""
+        """standard: cos/sin of each row's angles, computed from its position [B, 1, T, rotary dims / 2]."""
         b, name = self.b, f"rope{'.' + key if key else ''}"
-        inv_freq = b.weight(f"{name}.inv_freq", rope_inv_freq(rope, self.spec.head_dim).reshape(1, 1, -1),
+        inv_freq = b.weight(f"{name}.inv_freq", rope_inv_freq(rope, self.spec.rotary_dim).reshape(1, 1, -1),
                             keep=True)                                                    # angles in float32
         pos = b.op("Unsqueeze", b.op("Cast", self.positions, to=TensorProto.FLOAT), b.const([2]))  # [B, T, 1]
         freqs = b.op("Mul", pos, inv_freq)                                                # [B, T, D/2]
@@ -178,22 +178,25 @@ class StepGraph:
         return b.op("Unsqueeze", cos, axis), b.op("Unsqueeze", sin, axis)
 
     def _rope_caches(self, rope: dict, key: str) -> tuple[str, str]:
-        """gqa: cos/sin of every slot's angles [S, D/2], for com.microsoft.RotaryEmbedding: one node per
+        """gqa: cos/sin of every slot's angles [S, rotary dims / 2], for com.microsoft.RotaryEmbedding: one node per
         q or k instead of a dozen. The angles are float32 products, as in transformers."""
         b, name = self.b, f"rope{'.' + key if key else ''}"
-        inv_freq = rope_inv_freq(rope, self.spec.head_dim).astype(np.float32)
+        inv_freq = rope_inv_freq(rope, self.spec.rotary_dim).astype(np.float32)
         freqs = np.arange(self.kv_slots, dtype=np.float32)[:, None] * inv_freq[None, :]     # the extra row's too
-        scale = np.float32(rope_attention_factor(rope))                      # YaRN's; 1 (exact) otherwise
+        scale = np.float32(rope_attention_factor(rope))              # YaRN's or LongRoPE's; 1 (exact) otherwise
         return (b.weight(f"{name}.cos_cache", np.cos(freqs) * scale),
                 b.weight(f"{name}.sin_cache", np.sin(freqs) * scale))
 
     def _rotate(self, x: str, cos_sin: tuple[str, str]) -> str:
-        """HF's rotate-half RoPE on x [B, H, T, D] (standard)."""
-        b, (cos, sin) = self.b, cos_sin
+        """HF's rotate-half RoPE on x [B, H, T, D] (standard); with partial rotary dims only the first
+        `rotary_dim` of each head turn, the rest pass through."""
+        b, (cos, sin), turned, d = self.b, cos_sin, self.spec.rotary_dim, self.spec.head_dim
+        if turned < d:
+            x, rest = b.op("Split", x, b.const([turned, d - turned]), axis=-1, n_out=2)
         x1, x2 = b.op("Split", x, axis=-1, num_outputs=2, n_out=2)
         first = b.op("Sub", b.op("Mul", x1, cos), b.op("Mul", x2, sin))
         second = b.op("Add", b.op("Mul", x2, cos), b.op("Mul", x1, sin))
-        return b.op("Concat", first, second, axis=-1)
+        return b.op("Concat", first, second, *([rest] if turned < d else []), axis=-1)
 
     def _heads(self, x: str, n_heads: int) -> str:
         """[B, T, n*D] -> [B, n, T, D]"""
@@ -359,10 +362,11 @@ class StepGraph:
         cos_sin = self._layer_cos_sin(layer)
         if cos_sin:
             cos, sin = cos_sin
+            partial = {"rotary_embedding_dim": s.rotary_dim} if s.rotary_dim < s.head_dim else {}
             q = b.op("RotaryEmbedding", q, self.attention_positions, cos, sin, domain="com.microsoft",
-                     interleaved=0, num_heads=s.num_heads)                                # [B, T + 1, H*D]
+                     interleaved=0, num_heads=s.num_heads, **partial)                     # [B, T + 1, H*D]
             k = b.op("RotaryEmbedding", k, self.attention_positions, cos, sin, domain="com.microsoft",
-                     interleaved=0, num_heads=s.num_kv_heads)
+                     interleaved=0, num_heads=s.num_kv_heads, **partial)
         past_k, past_v = self.past[layer]
         # present_* are the node's own outputs (no Identity): onnxruntime shares them with past_* only then
         present = (f"present_key.{layer}", f"present_value.{layer}")

@@ -16,6 +16,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "MistralForCausalLM": llama,
     "Qwen2ForCausalLM": llama,
     "Qwen3ForCausalLM": llama,
+    "Phi3ForCausalLM": llama,
     "GPT2LMHeadModel": gpt2,
     "Gemma2ForCausalLM": gemma,
     "Gemma3ForCausalLM": gemma,

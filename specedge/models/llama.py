@@ -1,12 +1,12 @@
-"""Llama-family decoders (Llama, Mistral, Qwen2, Qwen3): RMSNorm, RoPE, GQA, SwiGLU, optional q/k/v biases,
-optional per-head q/k norms (Qwen3)."""
+"""Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3): RMSNorm, RoPE, GQA, SwiGLU, optional q/k/v biases,
+optional per-head q/k norms (Qwen3); Phi-3's fused q/k/v and gate/up weights, LongRoPE and partial rotary dims."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from specedge.errors import ExportError
-from specedge.models.spec import ModelSpec, rope_from_config
+from specedge.models.spec import ModelSpec, rope_from_config, rotary_dim_of
 from specedge.models.weights import WeightTable
 
 
@@ -17,25 +17,28 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
         raise ExportError(f"{architecture}: activation '{cfg.get('hidden_act')}' is not supported (only silu)")
     qkv_bias = architecture == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False))
     window, sliding = _sliding(cfg, architecture)
+    phi3 = architecture == "Phi3ForCausalLM"
+    head_dim = cfg.get("head_dim") or hidden // heads
     return ModelSpec(
         architecture=architecture, family="llama", vocab_rows=cfg["vocab_size"], hidden_size=hidden,
         num_layers=cfg["num_hidden_layers"], num_heads=heads,
         num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=cfg.get("head_dim") or hidden // heads, intermediate_size=cfg["intermediate_size"],
+        head_dim=head_dim, intermediate_size=cfg["intermediate_size"],
         norm_eps=float(cfg["rms_norm_eps"]), max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=qkv_bias,
         o_bias=architecture != "Qwen2ForCausalLM" and bool(cfg.get("attention_bias", False)),
-        mlp_bias=bool(cfg.get("mlp_bias", False)), activation="silu", rope=rope_from_config(cfg),
+        mlp_bias=bool(cfg.get("mlp_bias", False)), activation="silu", rope=rope_from_config(cfg, partial_rotary=phi3),
         qk_norm=architecture == "Qwen3ForCausalLM", sliding_window=window, sliding_layers=sliding,
+        rotary_dim=rotary_dim_of(cfg, head_dim) if phi3 else head_dim,
     )
 
 
 def _sliding(cfg: dict, architecture: str) -> tuple[int, list[int]]:
-    """(window, the layers it applies to) where transformers applies one: Mistral every layer, Qwen2 / Qwen3 the
-    layers its layer_types say (from max_window_layers on, with use_sliding_window); (0, []) for none. Llama never
+    """(window, the layers it applies to) where transformers applies one: Mistral and Phi-3 every layer, Qwen2 / Qwen3
+    the layers its layer_types say (from max_window_layers on, with use_sliding_window); (0, []) for none. Llama never
     does, whatever a converted config.json leaves in `sliding_window`."""
     window, types = cfg.get("sliding_window"), cfg.get("layer_types")
-    if architecture == "MistralForCausalLM":
+    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):
         sliding = list(range(cfg["num_hidden_layers"]))
     elif architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and isinstance(types, list):
         sliding = [i for i, kind in enumerate(types) if kind == "sliding_attention"]
@@ -63,19 +66,27 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         names = [f"{p}.self_attn.{which}_norm.weight" for which in ("q", "k")]
         return [(name, weights.take(name, (d,))) for name in names] if spec.qk_norm else None
 
+    def fused(h: str, name: str, parts: list[tuple[str, int]], has_bias: bool) -> str:
+        """One product for several projections of h: Phi-3's checkpoint stores them fused under `name` (rows in
+        the order of parts), the others as one module per part."""
+        if spec.architecture == "Phi3ForCausalLM":
+            return linear(h, name, e, sum(n for _, n in parts), has_bias)
+        prefix = name.rsplit(".", 1)[0]
+        return graph.fused_linear(h, name, [part(f"{prefix}.{part_name}", e, n, has_bias) for part_name, n in parts])
+
     embed_rows = weights.take("model.embed_tokens.weight", (spec.vocab_rows, e))[: spec.vocab_size]
     x, embed = graph.embedding("model.embed_tokens.weight", embed_rows, graph.ids)    # [B, T, E]
     del embed_rows
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
         h = rms_norm(x, f"{p}.input_layernorm.weight")
-        qkv = graph.fused_linear(h, f"{p}.self_attn.qkv_proj", [part(f"{p}.self_attn.{name}_proj", e, n, spec.qkv_bias)
-                                                                for name, n in (("q", q_out), ("k", kv_out), ("v", kv_out))])
+        qkv = fused(h, f"{p}.self_attn.qkv_proj", [("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)],
+                    spec.qkv_bias)
         context = graph.attention(i, qkv, head_norms(p))
         x = b.op("Add", x, linear(context, f"{p}.self_attn.o_proj", q_out, e, spec.o_bias))
         h = rms_norm(x, f"{p}.post_attention_layernorm.weight")
-        gate_up = graph.fused_linear(h, f"{p}.mlp.gate_up_proj", [part(f"{p}.mlp.{name}_proj", e, spec.intermediate_size,
-                                                                       spec.mlp_bias) for name in ("gate", "up")])
+        gate_up = fused(h, f"{p}.mlp.gate_up_proj", [("gate_proj", spec.intermediate_size),
+                                                      ("up_proj", spec.intermediate_size)], spec.mlp_bias)
         gate, up = graph.split(gate_up, [spec.intermediate_size] * 2)
         act = b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up)                  # silu(gate) * up
         x = b.op("Add", x, linear(act, f"{p}.mlp.down_proj", spec.intermediate_size, e, spec.mlp_bias))

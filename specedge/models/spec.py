@@ -38,16 +38,18 @@ class ModelSpec:
     activation: str = "silu"
     rope: dict = field(default_factory=dict)   # {"type", "theta", ...}; empty for learned positions
     vocab_size: int = 0        # rows kept in the graph: the bundle vocabulary (padding rows sliced off)
+    rotary_dim: int = 0        # the leading dims of each q/k head RoPE turns (Phi-4-mini: 3/4 of them); 0: all
 
     def __post_init__(self):
         self.vocab_size = self.vocab_size or self.vocab_rows
+        self.rotary_dim = self.rotary_dim or self.head_dim
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
 def rope_inv_freq(rope: dict, head_dim: int) -> np.ndarray:
-    """Inverse frequencies [head_dim // 2] for the rope settings a config carries."""
+    """Inverse frequencies [head_dim // 2] for the rope settings a config carries (head_dim: the dims it turns)."""
     exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
     inv_freq = (1.0 / (np.float32(rope["theta"]) ** exponent)).astype(np.float32)
     kind = rope.get("type", "default")
@@ -68,7 +70,21 @@ def rope_inv_freq(rope: dict, head_dim: int) -> np.ndarray:
         return np.where(medium, smoothed, scaled).astype(np.float32)
     if kind == "yarn":
         return _yarn_inv_freq(rope, inv_freq, head_dim)
-    raise ExportError(f"rope scaling type '{kind}' is not supported (supported: default, linear, dynamic within the trained length, llama3, yarn)")
+    if kind == "longrope":
+        return _longrope_inv_freq(rope, exponent, head_dim)
+    raise ExportError(f"rope scaling type '{kind}' is not supported (supported: default, linear, dynamic within the "
+                      "trained length, llama3, yarn, longrope)")
+
+
+def _longrope_inv_freq(rope: dict, exponent: np.ndarray, head_dim: int) -> np.ndarray:
+    """LongRoPE (Phi-3, Phi-4-mini): each frequency divided by its own factor, from `short_factor`, or `long_factor`
+    where the export chose the long set (`long`: a buffer past the original length, see pipeline)."""
+    which = "long_factor" if rope.get("long") else "short_factor"
+    factors = np.asarray(rope.get(which) or [], dtype=np.float32)
+    if factors.shape != (head_dim // 2,):
+        raise ExportError(f"longrope {which} has {factors.size} values; the {head_dim} rotary dims need "
+                          f"{head_dim // 2}")
+    return (np.float32(1) / (factors * (np.float32(rope["theta"]) ** exponent))).astype(np.float32)
 
 
 def _yarn_inv_freq(rope: dict, inv_freq: np.ndarray, head_dim: int) -> np.ndarray:
@@ -93,11 +109,15 @@ def _yarn_inv_freq(rope: dict, inv_freq: np.ndarray, head_dim: int) -> np.ndarra
 
 
 def rope_attention_factor(rope: dict) -> float:
-    """What cos and sin are multiplied by: 1, or YaRN's attention temperature (0.1 ln(factor) + 1 by default)."""
-    if rope.get("type") != "yarn":
+    """What cos and sin are multiplied by: 1, YaRN's attention temperature (0.1 ln(factor) + 1 by default) or
+    LongRoPE's (sqrt(1 + ln(factor) / ln(original length)) by default), as transformers computes them."""
+    if rope.get("type") not in ("yarn", "longrope"):
         return 1.0
     if rope.get("attention_factor") is not None:
         return float(rope["attention_factor"])
+    if rope["type"] == "longrope":
+        factor, original = rope["factor"], rope["original_max_position_embeddings"]
+        return math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
 
     def mscale(scale: float, m: float = 1.0) -> float:
         return 0.1 * m * math.log(scale) + 1.0 if scale > 1 else 1.0
@@ -106,8 +126,10 @@ def rope_attention_factor(rope: dict) -> float:
     return mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
 
 
-def rope_from_config(cfg: dict) -> dict:
-    """Reads rope settings from either the v4 (`rope_theta`, `rope_scaling`) or v5 (`rope_parameters`) keys."""
+def rope_from_config(cfg: dict, partial_rotary: bool = False) -> dict:
+    """Reads rope settings from either the v4 (`rope_theta`, `rope_scaling`) or v5 (`rope_parameters`) keys.
+    partial_rotary: the architecture turns only part of each head (`rotary_dim_of`); elsewhere a partial factor is
+    refused."""
     params = dict(cfg.get("rope_parameters") or {})
     scaling = cfg.get("rope_scaling") or {}
     params.update({k: v for k, v in scaling.items() if k not in params})
@@ -115,11 +137,29 @@ def rope_from_config(cfg: dict) -> dict:
     kind = params.get("rope_type", params.get("type", "default"))
     rope = {"type": kind, "theta": float(theta)}
     for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
-                "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"):
+                "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate",
+                "short_factor", "long_factor"):
         if params.get(key) is not None:
             rope[key] = params[key]
-    if kind == "yarn" and "factor" not in rope:       # as transformers: the ratio of the lengths (DeepSeek-V3)
+    if kind == "longrope" and "original_max_position_embeddings" not in rope:
+        rope["original_max_position_embeddings"] = cfg.get("original_max_position_embeddings") or \
+            cfg["max_position_embeddings"]
+    if kind in ("yarn", "longrope") and "factor" not in rope:   # as transformers: the ratio of the lengths
         rope["factor"] = cfg["max_position_embeddings"] / rope["original_max_position_embeddings"]
-    if cfg.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ExportError("partial rotary embeddings are not supported")
+    if not partial_rotary and _partial_rotary_factor(cfg) != 1.0:
+        raise ExportError("partial rotary embeddings are not supported for this architecture")
     return rope
+
+
+def _partial_rotary_factor(cfg: dict) -> float:
+    return float(cfg.get("partial_rotary_factor") or (cfg.get("rope_parameters") or {}).get("partial_rotary_factor")
+                 or 1.0)
+
+
+def rotary_dim_of(cfg: dict, head_dim: int) -> int:
+    """The leading dims of each head that RoPE turns: head_dim times `partial_rotary_factor`, as transformers."""
+    dim = int(head_dim * _partial_rotary_factor(cfg))
+    if dim < 2 or dim % 2 or dim > head_dim:
+        raise ExportError(f"partial_rotary_factor {_partial_rotary_factor(cfg)} gives {dim} rotary dims of "
+                          f"{head_dim}; an even number from 2 to {head_dim} is needed")
+    return dim

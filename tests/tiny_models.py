@@ -42,7 +42,8 @@ def word_tokenizer(n_words: int) -> transformers.PreTrainedTokenizerFast:
 def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, seed: int = 0):
     """Configs exercising GQA, q/k/v and o biases, tied and untied heads, rope scaling, a head_dim other than
     hidden / heads, per-head q/k norms (qwen3, gemma3), soft-capping (gemma2), sliding windows and a rope per layer
-    type (gemma3), fused q/k/v and gate/up weights, LongRoPE and partial rotary dims (phi3)."""
+    type (gemma3), fused q/k/v and gate/up weights, LongRoPE and partial rotary dims (phi3), multipliers (granite),
+    norms after attention and MLP and over whole q/k projections (olmo2)."""
     common = dict(vocab_size=vocab_rows, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                   num_attention_heads=4, max_position_embeddings=512)
     if arch == "qwen2":
@@ -71,6 +72,13 @@ def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, s
         return transformers.Phi3Config(num_key_value_heads=2, original_max_position_embeddings=256, sliding_window=6,
                                        partial_rotary_factor=0.5, rope_parameters=rope, tie_word_embeddings=False,
                                        **common)
+    if arch == "granite":  # every multiplier away from 1, biases on q/k/v/o
+        return transformers.GraniteConfig(num_key_value_heads=2, attention_bias=True, embedding_multiplier=3.0,
+                                          attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=2.5,
+                                          tie_word_embeddings=True, **common)
+    if arch == "olmo2":    # norms after attention and MLP, q/k norms over the whole projections
+        return transformers.Olmo2Config(num_key_value_heads=2, attention_bias=True, tie_word_embeddings=False,
+                                        **common)
     if arch == "mistral":
         return transformers.MistralConfig(num_key_value_heads=1, tie_word_embeddings=False, sliding_window=None,
                                           **common)

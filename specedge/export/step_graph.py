@@ -311,15 +311,18 @@ class StepGraph:
         return b.op("Mul", b.op("Mul", x, half), b.op("Add", inner, one))
 
     def _head_norm(self, x: str, name: str, weight: np.ndarray) -> str:
-        """RMSNorm of each head: x [B, T, n*D] -> [B, T, n*D], weight [D]."""
+        """RMSNorm of each head: x [B, T, n*D] -> [B, T, n*D], weight [D]; or of all n heads together where
+        the weight is [n*D] (OLMo 2)."""
         b, d = self.b, self.spec.head_dim
+        if weight.shape[0] != d:
+            return self.rms_norm(x, name, weight)
         heads = b.op("Reshape", x, b.const([0, 0, -1, d]))                              # [B, T, n, D]
         return b.op("Reshape", self.rms_norm(heads, name, weight), b.const([0, 0, -1]))
 
     def attention(self, layer: int, qkv: str, head_norms: list[tuple[str, np.ndarray]] | None = None) -> str:
         """qkv [B, T, (H + 2 H_kv)*D], the fused projection -> context [B, T, H*D]; writes layer's K/V in
-        place (present_*). gqa adds its extra row here, once for q, k and v. head_norms: [(name, weight [D])] of
-        an RMSNorm of each q head and each k head before RoPE (Qwen3)."""
+        place (present_*). gqa adds its extra row here, once for q, k and v. head_norms: [(name, weight)] of
+        an RMSNorm of q and of k before RoPE: each head's (Qwen3, weight [D]) or the whole projection's (OLMo 2)."""
         b, s = self.b, self.spec
         if self.extra_row:
             qkv = self._with_extra_row(qkv)
@@ -393,7 +396,8 @@ class StepGraph:
         # stays in the optimized graph, a copy of the logits every step
         half = self.float != TensorProto.FLOAT            # a half-precision graph's logits come out as float32
         capped = bool(self.spec.logit_softcap)           # Gemma 2: cap * tanh(x / cap), in float32
-        named = None if half or capped else "logits"
+        divided = self.spec.logit_divisor != 1.0         # Granite: logits / logits_scaling, in float32
+        named = None if half or capped or divided else "logits"
         if self.quantization is not None:
             logits = self._matmul_nbits(rows, "lm_head", head, out=named)                 # [B, n, V]
         elif self.transposed_head:
@@ -406,7 +410,11 @@ class StepGraph:
             shape = b.op("Concat", b.op("Shape", self.logit_rows), b.const([v]), axis=0)
             logits = b.op("Reshape", logits, shape, out_names=[named])
         if half:
-            logits = b.op("Cast", logits, to=TensorProto.FLOAT, out_names=[None if capped else "logits"])
+            logits = b.op("Cast", logits, to=TensorProto.FLOAT,
+                          out_names=[None if capped or divided else "logits"])
+        if divided:
+            divisor = b.const(np.float32(self.spec.logit_divisor), np.float32, "logit_divisor", keep=True)
+            logits = b.op("Div", logits, divisor, out_names=[None if capped else "logits"])
         if capped:
             cap = b.const(np.float32(self.spec.logit_softcap), np.float32, "logit_softcap", keep=True)
             logits = b.op("Mul", b.op("Tanh", b.op("Div", logits, cap)), cap, out_names=["logits"])

@@ -17,6 +17,8 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "Qwen2ForCausalLM": llama,
     "Qwen3ForCausalLM": llama,
     "Phi3ForCausalLM": llama,
+    "GraniteForCausalLM": llama,
+    "Olmo2ForCausalLM": llama,
     "GPT2LMHeadModel": gpt2,
     "Gemma2ForCausalLM": gemma,
     "Gemma3ForCausalLM": gemma,

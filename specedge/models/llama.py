@@ -1,5 +1,6 @@
-"""Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3): RMSNorm, RoPE, GQA, SwiGLU, optional q/k/v biases,
-optional per-head q/k norms (Qwen3); Phi-3's fused q/k/v and gate/up weights, LongRoPE and partial rotary dims."""
+"""Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3, Granite, OLMo 2): RMSNorm, RoPE, GQA, SwiGLU,
+optional q/k/v biases, optional per-head q/k norms (Qwen3); Phi-3's fused q/k/v and gate/up weights, LongRoPE and
+partial rotary dims; Granite's multipliers; OLMo 2's norms after attention and MLP and over whole q and k."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
         raise ExportError(f"{architecture}: activation '{cfg.get('hidden_act')}' is not supported (only silu)")
     qkv_bias = architecture == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False))
     window, sliding = _sliding(cfg, architecture)
-    phi3 = architecture == "Phi3ForCausalLM"
+    phi3, granite, olmo2 = (architecture == name for name in ("Phi3ForCausalLM", "GraniteForCausalLM",
+                                                                "Olmo2ForCausalLM"))
     head_dim = cfg.get("head_dim") or hidden // heads
     return ModelSpec(
         architecture=architecture, family="llama", vocab_rows=cfg["vocab_size"], hidden_size=hidden,
@@ -29,8 +31,17 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
         o_bias=architecture != "Qwen2ForCausalLM" and bool(cfg.get("attention_bias", False)),
         mlp_bias=bool(cfg.get("mlp_bias", False)), activation="silu", rope=rope_from_config(cfg, partial_rotary=phi3),
         qk_norm=architecture == "Qwen3ForCausalLM", sliding_window=window, sliding_layers=sliding,
-        rotary_dim=rotary_dim_of(cfg, head_dim) if phi3 else head_dim,
+        rotary_dim=rotary_dim_of(cfg, head_dim) if phi3 else head_dim, qk_norm_whole=olmo2, post_norms=olmo2,
+        **(_granite_scales(cfg) if granite else {}),
     )
+
+
+def _granite_scales(cfg: dict) -> dict:
+    """Granite's four multipliers as spec fields: embeddings, attention scores, residual branches, logits."""
+    return {"embed_scale": float(cfg.get("embedding_multiplier", 1.0)),
+            "attention_scale": float(cfg.get("attention_multiplier", 1.0)),
+            "residual_scale": float(cfg.get("residual_multiplier", 1.0)),
+            "logit_divisor": float(cfg.get("logits_scaling", 1.0))}
 
 
 def _sliding(cfg: dict, architecture: str) -> tuple[int, list[int]]:
@@ -62,9 +73,23 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         return graph.rms_norm(x, name, weights.take(name, (e,)))
 
     def head_norms(p: str) -> list[tuple[str, np.ndarray]] | None:
-        """Qwen3: an RMSNorm of each head of q and of k before RoPE, [(name, weight [D])] for q then k."""
+        """The RMSNorms of q and of k before RoPE, [(name, weight)] for q then k: of each head (Qwen3, weight [D])
+        or of the whole projection (OLMo 2, weights [H*D] and [H_kv*D])."""
         names = [f"{p}.self_attn.{which}_norm.weight" for which in ("q", "k")]
+        if spec.qk_norm_whole:
+            return [(name, weights.take(name, (n,))) for name, n in zip(names, (q_out, kv_out))]
         return [(name, weights.take(name, (d,))) for name in names] if spec.qk_norm else None
+
+    def residual_add(x: str, branch: str, norm: str) -> str:
+        """x + the branch's output: normed first where the model norms outputs (OLMo 2), scaled (Granite)."""
+        if spec.post_norms:
+            branch = rms_norm(branch, norm)
+        if spec.residual_scale != 1.0:
+            branch = b.op("Mul", branch, b.weight(f"{norm}.residual_scale", np.array(spec.residual_scale, np.float32)))
+        return b.op("Add", x, branch)
+
+    def input_norm(x: str, norm: str) -> str:
+        return x if spec.post_norms else rms_norm(x, norm)
 
     def fused(h: str, name: str, parts: list[tuple[str, int]], has_bias: bool) -> str:
         """One product for several projections of h: Phi-3's checkpoint stores them fused under `name` (rows in
@@ -77,19 +102,25 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     embed_rows = weights.take("model.embed_tokens.weight", (spec.vocab_rows, e))[: spec.vocab_size]
     x, embed = graph.embedding("model.embed_tokens.weight", embed_rows, graph.ids)    # [B, T, E]
     del embed_rows
+    if spec.embed_scale != 1.0:
+        x = b.op("Mul", x, b.weight("embed_scale", np.array(spec.embed_scale, np.float32)))
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
-        h = rms_norm(x, f"{p}.input_layernorm.weight")
+        # OLMo 2 norms the attention's output with the norm named post_attention_layernorm (Llama: the MLP's input)
+        attention_norm, mlp_norm = ((f"{p}.post_attention_layernorm.weight", f"{p}.post_feedforward_layernorm.weight")
+                                    if spec.post_norms else
+                                    (f"{p}.input_layernorm.weight", f"{p}.post_attention_layernorm.weight"))
+        h = input_norm(x, attention_norm)
         qkv = fused(h, f"{p}.self_attn.qkv_proj", [("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)],
                     spec.qkv_bias)
         context = graph.attention(i, qkv, head_norms(p))
-        x = b.op("Add", x, linear(context, f"{p}.self_attn.o_proj", q_out, e, spec.o_bias))
-        h = rms_norm(x, f"{p}.post_attention_layernorm.weight")
+        x = residual_add(x, linear(context, f"{p}.self_attn.o_proj", q_out, e, spec.o_bias), attention_norm)
+        h = input_norm(x, mlp_norm)
         gate_up = fused(h, f"{p}.mlp.gate_up_proj", [("gate_proj", spec.intermediate_size),
                                                       ("up_proj", spec.intermediate_size)], spec.mlp_bias)
         gate, up = graph.split(gate_up, [spec.intermediate_size] * 2)
         act = b.op("Mul", b.op("Mul", gate, b.op("Sigmoid", gate)), up)                  # silu(gate) * up
-        x = b.op("Add", x, linear(act, f"{p}.mlp.down_proj", spec.intermediate_size, e, spec.mlp_bias))
+        x = residual_add(x, linear(act, f"{p}.mlp.down_proj", spec.intermediate_size, e, spec.mlp_bias), mlp_norm)
     lm_head(graph, spec, weights, rms_norm(x, "model.norm.weight"), embed)
 
 

@@ -28,7 +28,12 @@ class ModelSpec:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False      # an RMSNorm of each q and k head before RoPE (Qwen3, Gemma 3)
-    embed_scale: float = 1.0   # embeddings times this (Gemma: sqrt(hidden_size))
+    qk_norm_whole: bool = False     # one RMSNorm over all of q's (k's) projection before RoPE instead (OLMo 2)
+    post_norms: bool = False   # RMSNorm of the attention's and the MLP's outputs before their residual adds, none
+                               # of their inputs (OLMo 2)
+    embed_scale: float = 1.0   # embeddings times this (Gemma: sqrt(hidden_size); Granite: embedding_multiplier)
+    residual_scale: float = 1.0     # attention and MLP outputs times this before their residual adds (Granite)
+    logit_divisor: float = 1.0      # logits divided by this (Granite's logits_scaling)
     attention_scale: float = 0.0    # scores times this; 0: 1 / sqrt(head_dim)
     attn_softcap: float = 0.0  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2); 0: none
     logit_softcap: float = 0.0      # logits likewise (Gemma 2); 0: none

@@ -41,7 +41,8 @@ def test_graph_matches_transformers(arch_bundles, standard_bundles, workdir, var
                                      "mistral": "MistralForCausalLM", "gpt2": "GPT2LMHeadModel",
                                      "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
                                      "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
-                                     "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM"}[arch]
+                                     "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
+                                     "olmo3": "Olmo3ForCausalLM"}[arch]
     assert entry["export_check"]["max_abs_logit_error"] < 1e-3 and entry["export_check"]["ids_equal_argmax"]
     rng = np.random.default_rng(7)
     ids = rng.integers(0, vocab, size=40).tolist()

@@ -43,7 +43,7 @@ def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, s
     """Configs exercising GQA, q/k/v and o biases, tied and untied heads, rope scaling, a head_dim other than
     hidden / heads, per-head q/k norms (qwen3, gemma3), soft-capping (gemma2), sliding windows and a rope per layer
     type (gemma3), fused q/k/v and gate/up weights, LongRoPE and partial rotary dims (phi3), multipliers (granite),
-    norms after attention and MLP and over whole q/k projections (olmo2)."""
+    norms after attention and MLP and over whole q/k projections (olmo2, olmo3)."""
     common = dict(vocab_size=vocab_rows, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                   num_attention_heads=4, max_position_embeddings=512)
     if arch == "qwen2":
@@ -79,6 +79,12 @@ def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, s
     if arch == "olmo2":    # norms after attention and MLP, q/k norms over the whole projections
         return transformers.Olmo2Config(num_key_value_heads=2, attention_bias=True, tie_word_embeddings=False,
                                         **common)
+    if arch == "olmo3":    # olmo2's layout, sliding layers (window 6) with a rope of their own beside yarn
+        rope = {"full_attention": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128,
+                                   "rope_theta": 5e5},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+        return transformers.Olmo3Config(num_key_value_heads=2, sliding_window=6, rope_parameters=rope,
+                                        layer_types=["sliding_attention", "full_attention"], **common)
     if arch == "mistral":
         return transformers.MistralConfig(num_key_value_heads=1, tie_word_embeddings=False, sliding_window=None,
                                           **common)

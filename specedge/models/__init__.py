@@ -19,6 +19,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "Phi3ForCausalLM": llama,
     "GraniteForCausalLM": llama,
     "Olmo2ForCausalLM": llama,
+    "Olmo3ForCausalLM": llama,
     "GPT2LMHeadModel": gpt2,
     "Gemma2ForCausalLM": gemma,
     "Gemma3ForCausalLM": gemma,

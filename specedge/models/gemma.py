@@ -9,7 +9,7 @@ import numpy as np
 
 from specedge.errors import ExportError
 from specedge.models.llama import lm_head
-from specedge.models.spec import ModelSpec, rope_from_config
+from specedge.models.spec import ModelSpec, rope_from_config, ropes_by_layer_type
 from specedge.models.weights import WeightTable
 
 
@@ -23,7 +23,7 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
     types = cfg.get("layer_types") or []
     window = int(cfg.get("sliding_window") or 0)
     sliding = [i for i, kind in enumerate(types) if kind == "sliding_attention"] if window else []
-    rope, rope_local = _ropes(cfg) if gemma3 else (rope_from_config(cfg), {})
+    rope, rope_local = ropes_by_layer_type(cfg, architecture) if gemma3 else (rope_from_config(cfg), {})
     heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
     bias = bool(cfg.get("attention_bias", False))
     return ModelSpec(
@@ -38,16 +38,6 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
         logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
         sliding_window=window if sliding else 0, sliding_layers=sliding,
     )
-
-
-def _ropes(cfg: dict) -> tuple[dict, dict]:
-    """Gemma 3: rope_parameters per layer type -> (the full layers' rope, the sliding layers' rope)."""
-    params = cfg.get("rope_parameters") or {}
-    if "full_attention" not in params:
-        raise ExportError("Gemma3: rope_parameters per layer type expected (a config from transformers 5)")
-    flat = {key: value for key, value in cfg.items() if key not in ("rope_parameters", "rope_scaling", "rope_theta")}
-    return tuple(rope_from_config({**flat, "rope_parameters": params[kind]}) if params.get(kind) else {}
-                 for kind in ("full_attention", "sliding_attention"))
 
 
 def build(graph, spec: ModelSpec, weights: WeightTable) -> None:

@@ -1,13 +1,14 @@
-"""Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3, Granite, OLMo 2): RMSNorm, RoPE, GQA, SwiGLU,
+"""Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3, Granite, OLMo 2 and 3): RMSNorm, RoPE, GQA, SwiGLU,
 optional q/k/v biases, optional per-head q/k norms (Qwen3); Phi-3's fused q/k/v and gate/up weights, LongRoPE and
-partial rotary dims; Granite's multipliers; OLMo 2's norms after attention and MLP and over whole q and k."""
+partial rotary dims; Granite's multipliers; OLMo's norms after attention and MLP and over whole q and k, and OLMo 3's
+sliding layers with their own rope."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from specedge.errors import ExportError
-from specedge.models.spec import ModelSpec, rope_from_config, rotary_dim_of
+from specedge.models.spec import ModelSpec, rope_from_config, ropes_by_layer_type, rotary_dim_of
 from specedge.models.weights import WeightTable
 
 
@@ -18,8 +19,11 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
         raise ExportError(f"{architecture}: activation '{cfg.get('hidden_act')}' is not supported (only silu)")
     qkv_bias = architecture == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False))
     window, sliding = _sliding(cfg, architecture)
-    phi3, granite, olmo2 = (architecture == name for name in ("Phi3ForCausalLM", "GraniteForCausalLM",
-                                                                "Olmo2ForCausalLM"))
+    phi3, granite, olmo3 = (architecture == name for name in ("Phi3ForCausalLM", "GraniteForCausalLM",
+                                                                "Olmo3ForCausalLM"))
+    olmo = olmo3 or architecture == "Olmo2ForCausalLM"
+    rope, rope_local = ropes_by_layer_type(cfg, architecture) if olmo3 else \
+        (rope_from_config(cfg, partial_rotary=phi3), {})
     head_dim = cfg.get("head_dim") or hidden // heads
     return ModelSpec(
         architecture=architecture, family="llama", vocab_rows=cfg["vocab_size"], hidden_size=hidden,
@@ -29,9 +33,9 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
         norm_eps=float(cfg["rms_norm_eps"]), max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=qkv_bias,
         o_bias=architecture != "Qwen2ForCausalLM" and bool(cfg.get("attention_bias", False)),
-        mlp_bias=bool(cfg.get("mlp_bias", False)), activation="silu", rope=rope_from_config(cfg, partial_rotary=phi3),
+        mlp_bias=bool(cfg.get("mlp_bias", False)), activation="silu", rope=rope, rope_local=rope_local,
         qk_norm=architecture == "Qwen3ForCausalLM", sliding_window=window, sliding_layers=sliding,
-        rotary_dim=rotary_dim_of(cfg, head_dim) if phi3 else head_dim, qk_norm_whole=olmo2, post_norms=olmo2,
+        rotary_dim=rotary_dim_of(cfg, head_dim) if phi3 else head_dim, qk_norm_whole=olmo, post_norms=olmo,
         **(_granite_scales(cfg) if granite else {}),
     )
 
@@ -45,13 +49,13 @@ def _granite_scales(cfg: dict) -> dict:
 
 
 def _sliding(cfg: dict, architecture: str) -> tuple[int, list[int]]:
-    """(window, the layers it applies to) where transformers applies one: Mistral and Phi-3 every layer, Qwen2 / Qwen3
-    the layers its layer_types say (from max_window_layers on, with use_sliding_window); (0, []) for none. Llama never
-    does, whatever a converted config.json leaves in `sliding_window`."""
+    """(window, the layers it applies to) where transformers applies one: Mistral and Phi-3 every layer; Qwen2,
+    Qwen3 and OLMo 3 the layers its layer_types say (Qwen: from max_window_layers on, with use_sliding_window);
+    (0, []) for none. Llama never does, whatever a converted config.json leaves in `sliding_window`."""
     window, types = cfg.get("sliding_window"), cfg.get("layer_types")
     if architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):
         sliding = list(range(cfg["num_hidden_layers"]))
-    elif architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and isinstance(types, list):
+    elif architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Olmo3ForCausalLM") and isinstance(types, list):
         sliding = [i for i, kind in enumerate(types) if kind == "sliding_attention"]
     else:
         sliding = []

@@ -168,3 +168,13 @@ def rotary_dim_of(cfg: dict, head_dim: int) -> int:
         raise ExportError(f"partial_rotary_factor {_partial_rotary_factor(cfg)} gives {dim} rotary dims of "
                           f"{head_dim}; an even number from 2 to {head_dim} is needed")
     return dim
+
+
+def ropes_by_layer_type(cfg: dict, architecture: str) -> tuple[dict, dict]:
+    """rope_parameters per layer type (Gemma 3, OLMo 3) -> (the full layers' rope, the sliding layers' rope)."""
+    params = cfg.get("rope_parameters") or {}
+    if "full_attention" not in params:
+        raise ExportError(f"{architecture}: rope_parameters per layer type expected (a config from transformers 5)")
+    flat = {key: value for key, value in cfg.items() if key not in ("rope_parameters", "rope_scaling", "rope_theta")}
+    return tuple(rope_from_config({**flat, "rope_parameters": params[kind]}) if params.get(kind) else {}
+                 for kind in ("full_attention", "sliding_attention"))

@@ -43,7 +43,7 @@ def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, s
     """Configs exercising GQA, q/k/v and o biases, tied and untied heads, rope scaling, a head_dim other than
     hidden / heads, per-head q/k norms (qwen3, gemma3), soft-capping (gemma2), sliding windows and a rope per layer
     type (gemma3), fused q/k/v and gate/up weights, LongRoPE and partial rotary dims (phi3), multipliers (granite),
-    norms after attention and MLP and over whole q/k projections (olmo2, olmo3)."""
+    norms after attention and MLP and over whole q/k projections (olmo2, olmo3), layers without RoPE (smollm3)."""
     common = dict(vocab_size=vocab_rows, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                   num_attention_heads=4, max_position_embeddings=512)
     if arch == "qwen2":
@@ -85,6 +85,9 @@ def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, s
                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
         return transformers.Olmo3Config(num_key_value_heads=2, sliding_window=6, rope_parameters=rope,
                                         layer_types=["sliding_attention", "full_attention"], **common)
+    if arch == "smollm3":  # the second layer without RoPE; sliding window on the NoPE layers
+        return transformers.SmolLM3Config(num_key_value_heads=2, no_rope_layers=[1, 0], use_sliding_window=True,
+                                          sliding_window=6, tie_word_embeddings=True, **common)
     if arch == "mistral":
         return transformers.MistralConfig(num_key_value_heads=1, tie_word_embeddings=False, sliding_window=None,
                                           **common)

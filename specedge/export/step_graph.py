@@ -157,7 +157,10 @@ class StepGraph:
         return self.b.op("Concat", x, self._last_row(x), axis=1)
 
     def _layer_cos_sin(self, layer: int) -> tuple[str, str] | None:
-        """The rope tables of a layer: a sliding layer's own where the model has them (Gemma 3), else the one."""
+        """The rope tables of a layer: a sliding layer's own where the model has them (Gemma 3), else the one;
+        None for a layer without rope (SmolLM3's NoPE layers)."""
+        if layer in self.spec.nope_layers:
+            return None
         local = layer in self.spec.sliding_layers and "local" in self.cos_sin
         return self.cos_sin.get("local" if local else "")
 

@@ -20,6 +20,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "GraniteForCausalLM": llama,
     "Olmo2ForCausalLM": llama,
     "Olmo3ForCausalLM": llama,
+    "SmolLM3ForCausalLM": llama,
     "GPT2LMHeadModel": gpt2,
     "Gemma2ForCausalLM": gemma,
     "Gemma3ForCausalLM": gemma,

@@ -40,6 +40,7 @@ class ModelSpec:
     sliding_window: int = 0    # the sliding layers see the last `sliding_window` positions, their own included
     sliding_layers: list = field(default_factory=list)
     rope_local: dict = field(default_factory=dict)    # the sliding layers' own rope (Gemma 3); empty: `rope`
+    nope_layers: list = field(default_factory=list)   # layers whose q and k get no RoPE at all (SmolLM3)
     activation: str = "silu"
     rope: dict = field(default_factory=dict)   # {"type", "theta", ...}; empty for learned positions
     vocab_size: int = 0        # rows kept in the graph: the bundle vocabulary (padding rows sliced off)

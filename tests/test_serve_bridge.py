@@ -15,7 +15,8 @@ from serve_helpers import serve_bundle, slow_down  # noqa: E402
 from specedge.errors import SpecedgeError  # noqa: E402
 from specedge.runtime import load  # noqa: E402
 from specedge.runtime.batch_step import StepRecord  # noqa: E402
-from specedge.serve.bridge import Bridge, RequestTimeout, _LoopOutbox  # noqa: E402
+from specedge.runtime.async_stream import LoopOutbox  # noqa: E402
+from specedge.serve.bridge import Bridge, RequestTimeout  # noqa: E402
 from specedge.serve.errors import APIError  # noqa: E402
 from specedge.serve.metrics import Metrics  # noqa: E402
 from specedge.serve.protocol import Limits, parse  # noqa: E402
@@ -133,7 +134,7 @@ def test_a_failing_step_is_an_error_for_its_request_only(gen):
 
 def test_an_outbox_whose_loop_is_gone_drops_events():
     loop = asyncio.new_event_loop()
-    outbox = _LoopOutbox(loop)
+    outbox = LoopOutbox(loop)
     loop.close()
     outbox.put(("text", "x", [1], None))                                # no exception on the worker thread
 

@@ -9,6 +9,7 @@ from specedge.runtime.generator import Generator
 from specedge.runtime.scheduler import QueueFull
 from specedge.runtime.sequences import GenerationOptions, GenerationResult
 from specedge.runtime.stats import GenerationStats
+from specedge.runtime.async_stream import AsyncStream
 from specedge.runtime.stream import Stream
 
 
@@ -36,4 +37,4 @@ def load(bundle, backend: str = "cpu", threads: int | None = None, target_rows: 
                      cuda_graphs=cuda_graphs, backend_options=backend_options, prompt_cache=prompt_cache)
 
 
-__all__ = ["load", "Generator", "GenerationOptions", "GenerationResult", "GenerationStats", "Stream", "QueueFull"]
+__all__ = ["load", "Generator", "GenerationOptions", "GenerationResult", "GenerationStats", "Stream", "AsyncStream", "QueueFull"]

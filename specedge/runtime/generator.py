@@ -34,6 +34,7 @@ from specedge.runtime.row_check import choose_min_rows
 from specedge.runtime.sampling import Warp
 from specedge.runtime.scheduler import PREFILL_CHUNK, Scheduler
 from specedge.runtime.sequences import GenerationOptions, GenerationResult, Sequence
+from specedge.runtime.async_stream import AsyncStream
 from specedge.runtime.stream import Stream
 from specedge.runtime.text import IncrementalDecoder, StopStrings
 
@@ -218,15 +219,39 @@ class Generator:
         return self.stream_ids(prompt_ids, **options).wait()
 
     def stream_chat(self, messages: list[dict], on_token=None, chat_template_kwargs: dict | None = None,
-                    tools: list[dict] | None = None, **options) -> Stream:
+                    tools: list[dict] | None = None, outbox=None, **options) -> Stream:
         """The assistant's next turn in a conversation. Send the whole conversation each turn: the prompt cache (on
         by default where it is exact) prefills only what is new since the last turn."""
         ids = self.encode_messages(messages, chat_template_kwargs, tools)
-        return self._submit(ids, self.options(**self._thinking_first(ids, options)), on_token)
+        return self._submit(ids, self.options(**self._thinking_first(ids, options)), on_token, outbox)
 
     def chat(self, messages: list[dict], chat_template_kwargs: dict | None = None, tools: list[dict] | None = None,
              **options) -> GenerationResult:
         return self.stream_chat(messages, chat_template_kwargs=chat_template_kwargs, tools=tools, **options).wait()
+
+    # -- asyncio: the same requests as AsyncStreams (async_stream.py) -------------------------------
+    def astream(self, prompt: str, **options) -> AsyncStream:
+        """stream() for asyncio code: `async for piece in gen.astream(...)`. The first async request starts the
+        generator's worker thread (as load(..., background=True) does), which drives every request from then on:
+        the event loop never runs a model call."""
+        return AsyncStream(self._in_background(lambda outbox: self.stream(prompt, outbox=outbox, **options)))
+
+    async def agenerate(self, prompt: str, **options) -> GenerationResult:
+        return await self.astream(prompt, **options).wait()
+
+    def astream_chat(self, messages: list[dict], **options) -> AsyncStream:
+        return AsyncStream(self._in_background(lambda outbox: self.stream_chat(messages, outbox=outbox, **options)))
+
+    async def achat(self, messages: list[dict], **options) -> GenerationResult:
+        return await self.astream_chat(messages, **options).wait()
+
+    def _in_background(self, submit):
+        """submit, made to switch the generator to its worker thread first (_submit starts it)."""
+        def submitted(outbox):
+            with self.scheduler.wake:
+                self.scheduler.background = True
+            return submit(outbox)
+        return submitted
 
     def clear_prompt_cache(self) -> None:
         """Forgets the text free slots hold, so that the next requests prefill their whole prompts (benchmarks)."""

@@ -13,6 +13,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from specedge.runtime.async_stream import LoopOutbox
 from specedge.runtime.sequences import GenerationResult
 
 
@@ -24,26 +25,11 @@ class RequestTimeout(Exception):
         self.seconds, self.tokens, self.text = seconds, tokens, text
 
 
-class _LoopOutbox:
-    """The sequence's outbox: events put on the worker thread land in an asyncio.Queue on the loop, each as
-    (perf_counter when it was put, event): whether it came before the request's deadline is decided by when the
-    worker made it, not by when the loop got round to reading it."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop, self.queue = loop, asyncio.Queue()
-
-    def put(self, event) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (time.perf_counter(), event))
-        except RuntimeError:            # the loop is closed: nobody is listening any more
-            pass
-
-
 @dataclass(eq=False)                   # compared and hashed by identity (the server keeps a set of them)
 class Request:
     """One submitted request, seen from the event loop."""
     stream: object                     # the runtime's Stream (used to cancel)
-    outbox: _LoopOutbox
+    outbox: LoopOutbox
     prompt_tokens: int
     arrived: float                     # time.perf_counter() when the request was submitted
     deadline: float | None = None      # perf_counter time after which the request is cancelled
@@ -137,7 +123,7 @@ class Bridge:
     def open(self, prompt_ids: list[int], timeout: float | None = None, **options) -> Request:
         """Submits a request -> Request. Raises what the generator raises (OptionError, QueueFull, SpecedgeError)
         before anything runs."""
-        outbox = _LoopOutbox(self.loop)
+        outbox = LoopOutbox(self.loop)
         arrived = time.perf_counter()
         stream = self.gen.stream_ids(prompt_ids, outbox=outbox, **options)
         return Request(stream, outbox, len(prompt_ids), arrived,

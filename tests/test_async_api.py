@@ -1,0 +1,128 @@
+"""The asyncio API: astream / agenerate / achat give what the blocking calls give, batch concurrent requests,
+never run a model call on the event loop, cancel with the task or the block, and raise bad options when awaited."""
+
+import asyncio
+
+import pytest
+
+from specedge.errors import OptionError
+from specedge.runtime import AsyncStream, load
+
+PROMPTS = ["def f(x):", "class LRUCache:\n    def __init__(self):\n", "import os\n"]
+
+
+def run(coroutine):
+    """asyncio.run with a limit: a request nobody drives fails the test instead of hanging the suite."""
+    return asyncio.run(asyncio.wait_for(coroutine, 120))
+
+
+def test_astream_pieces_and_agenerate_equal_generate(good_bundle):
+    gen = load(good_bundle)
+    expected = gen.generate(PROMPTS[0], max_new_tokens=40, ignore_eos=True, k=4)
+
+    async def main():
+        stream = gen.astream(PROMPTS[0], max_new_tokens=40, ignore_eos=True, k=4)
+        assert isinstance(stream, AsyncStream)
+        pieces = [piece async for piece in stream]
+        again = await gen.agenerate(PROMPTS[0], max_new_tokens=40, ignore_eos=True, k=4)
+        return stream, pieces, again
+
+    stream, pieces, again = run(main())
+    assert "".join(pieces) == stream.text == expected.text and len(pieces) > 1
+    assert stream.result.tokens == stream.tokens == again.tokens == expected.tokens
+    assert stream.result.stats.n_verify > 0
+    # the generator now drives from its worker thread; blocking calls still work
+    assert gen.generate(PROMPTS[0], max_new_tokens=40, ignore_eos=True, k=4).tokens == expected.tokens
+    gen.close()
+
+
+def test_concurrent_requests_share_a_batch_and_equal_their_solo_runs(standard_bundles):
+    gen = load(standard_bundles["qwen2"], max_batch=4)
+    options = [dict(max_new_tokens=n, ignore_eos=True, k=k) for n, k in ((20, 4), (33, 2), (27, 8))]
+    solo = [gen.generate(p, **o).tokens for p, o in zip(PROMPTS, options)]
+
+    async def main():
+        return await asyncio.gather(*(gen.agenerate(p, **o) for p, o in zip(PROMPTS, options)))
+
+    results = run(main())
+    assert [r.tokens for r in results] == solo
+    assert max(e.batch for e in gen.events) >= 2                   # rows shared calls
+    gen.close()
+
+
+def test_the_event_loop_keeps_running_while_the_models_do(good_bundle):
+    gen = load(good_bundle)
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.002)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        start = asyncio.get_running_loop().time()
+        result = await gen.agenerate(PROMPTS[1], max_new_tokens=120, ignore_eos=True, k=4)
+        elapsed = asyncio.get_running_loop().time() - start
+        task.cancel()
+        return result, ticks, elapsed
+
+    result, ticks, elapsed = run(main())
+    assert len(result.tokens) == 120
+    # a loop blocked by model calls would tick only between them; here it ticks through them (2 ms sleeps: at
+    # least a quarter of what the time allows, generously for a loaded machine)
+    assert ticks >= max(3, elapsed / 0.002 / 4), (ticks, elapsed)
+    gen.close()
+
+
+def test_cancelling_ends_the_request_and_frees_its_slot(good_bundle):
+    gen = load(good_bundle)
+
+    async def main():
+        async with gen.astream(PROMPTS[0], max_new_tokens=200, ignore_eos=True) as stream:
+            async for _ in stream:
+                break                                              # leaving the block cancels
+        left = await stream.wait()
+
+        task = asyncio.create_task(gen.agenerate(PROMPTS[1], max_new_tokens=200, ignore_eos=True))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        after = await gen.agenerate(PROMPTS[2], max_new_tokens=8, ignore_eos=True)   # the slot is free again
+        return left, after
+
+    left, after = run(main())
+    assert left.stats.stop_reason == "cancelled" and len(left.tokens) < 200
+    assert len(after.tokens) == 8
+    gen.close()
+
+
+def test_bad_options_raise_where_the_stream_is_awaited(good_bundle):
+    gen = load(good_bundle)
+    stream = gen.astream("x", temperature=-1)                      # nothing submitted yet
+
+    async def main():
+        with pytest.raises(OptionError, match="temperature"):
+            await stream.wait()
+        with pytest.raises(OptionError, match="max_new_tokens"):
+            await gen.agenerate("x", max_new_tokens=0)
+
+    run(main())
+    gen.close()
+
+
+def test_achat_equals_chat(good_bundle):
+    gen = load(good_bundle)
+    messages = [{"role": "user", "content": "write a loop"}]
+    expected = gen.chat(messages, max_new_tokens=24, ignore_eos=True)
+
+    async def main():
+        streamed = [piece async for piece in gen.astream_chat(messages, max_new_tokens=24, ignore_eos=True)]
+        return streamed, await gen.achat(messages, max_new_tokens=24, ignore_eos=True)
+
+    streamed, result = run(main())
+    assert "".join(streamed) == result.text == expected.text and result.tokens == expected.tokens
+    gen.close()

@@ -57,6 +57,8 @@ def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, s
     if arch == "qwen3":
         return transformers.Qwen3Config(num_key_value_heads=2, head_dim=24, tie_word_embeddings=True,
                                         attention_bias=True, rope_theta=1000000.0, **common)
+    if arch == "gemma":    # Gemma 1: multi-query attention, norms before attention and MLP only
+        return transformers.GemmaConfig(num_key_value_heads=1, head_dim=24, **common)
     if arch == "gemma2":   # window 6: the export check's 17 tokens and the tests' prompts run past it
         return transformers.Gemma2Config(num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=6,
                                          attn_logit_softcapping=5.0, final_logit_softcapping=3.0, **common)

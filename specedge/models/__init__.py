@@ -22,6 +22,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "Olmo3ForCausalLM": llama,
     "SmolLM3ForCausalLM": llama,
     "GPT2LMHeadModel": gpt2,
+    "GemmaForCausalLM": gemma,
     "Gemma2ForCausalLM": gemma,
     "Gemma3ForCausalLM": gemma,
 }

@@ -1,7 +1,7 @@
-"""Gemma 2 and Gemma 3 (text) decoders: the llama layout plus embeddings scaled by sqrt(hidden), RMSNorms that
-multiply by 1 + weight, a norm after attention and around the MLP, GELU (tanh) gates, a query scale of its own,
-sliding-window layers; Gemma 2 soft-caps attention scores and logits, Gemma 3 norms each q and k head and gives
-its sliding layers a rope of their own."""
+"""Gemma, Gemma 2 and Gemma 3 (text) decoders: the llama layout plus embeddings scaled by sqrt(hidden), RMSNorms that
+multiply by 1 + weight, GELU (tanh) gates; from Gemma 2 on a norm after attention and around the MLP, a query scale
+of its own, sliding-window layers; Gemma 2 soft-caps attention scores and logits, Gemma 3 norms each q and k head and
+gives its sliding layers a rope of their own."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
         norm_eps=float(cfg["rms_norm_eps"]), max_position_embeddings=cfg.get("max_position_embeddings", 8192),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)), qkv_bias=bias, o_bias=bias,
         activation=act, rope=rope, rope_local=rope_local, qk_norm=gemma3,
-        embed_scale=float(np.sqrt(hidden)), attention_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5,
+        embed_scale=float(np.sqrt(hidden)),
+        attention_scale=float(cfg.get("query_pre_attn_scalar") or cfg.get("head_dim") or hidden // heads) ** -0.5,
         attn_softcap=float(cfg.get("attn_logit_softcapping") or 0.0),
         logit_softcap=float(cfg.get("final_logit_softcapping") or 0.0),
         sliding_window=window if sliding else 0, sliding_layers=sliding,
@@ -63,6 +64,7 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     x, embed = graph.embedding("model.embed_tokens.weight", embed_rows, graph.ids)    # [B, T, E]
     del embed_rows
     x = b.op("Mul", x, b.weight("embed_scale", np.array(spec.embed_scale, np.float32)))
+    first = spec.architecture == "GemmaForCausalLM"      # Gemma 1: norms before attention and MLP only, as Llama
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
         h = rms_norm(x, f"{p}.input_layernorm.weight")
@@ -71,11 +73,11 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
                                  [part(f"{p}.self_attn.{name}_proj", e, n, spec.qkv_bias) for name, n in projections])
         context = graph.attention(i, qkv, head_norms(p))
         o = graph.linear(context, *part(f"{p}.self_attn.o_proj", q_out, e, spec.o_bias))
-        x = b.op("Add", x, rms_norm(o, f"{p}.post_attention_layernorm.weight"))
-        h = rms_norm(x, f"{p}.pre_feedforward_layernorm.weight")
+        x = b.op("Add", x, o if first else rms_norm(o, f"{p}.post_attention_layernorm.weight"))
+        h = rms_norm(x, f"{p}.{'post_attention' if first else 'pre_feedforward'}_layernorm.weight")
         gate_up = graph.fused_linear(h, f"{p}.mlp.gate_up_proj", [part(f"{p}.mlp.{name}_proj", e, f)
                                                                    for name in ("gate", "up")])
         gate, up = graph.split(gate_up, [f, f])
         down = graph.linear(b.op("Mul", graph.gelu(gate, exact=False), up), *part(f"{p}.mlp.down_proj", f, e))
-        x = b.op("Add", x, rms_norm(down, f"{p}.post_feedforward_layernorm.weight"))
+        x = b.op("Add", x, down if first else rms_norm(down, f"{p}.post_feedforward_layernorm.weight"))
     lm_head(graph, spec, weights, rms_norm(x, "model.norm.weight"), embed)

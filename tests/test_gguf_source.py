@@ -43,7 +43,10 @@ def write_gguf(model, path, quantize: bool, tensors: bool = True):
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"] if hasattr(cfg, "rope_parameters") else cfg.rope_theta)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if hasattr(cfg, "rms_norm_eps"):
+        w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    else:                                                   # LayerNorm models (StarCoder2)
+        w.add_layer_norm_eps(cfg.norm_epsilon)
     tokens = [*sorted(pre_tokenizers.ByteLevel.alphabet()), "Ġt", tm.EOS]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
@@ -109,11 +112,12 @@ def test_gguf_qwen3_export_matches_transformers(tmp_path):
     assert gen.generate("the cat", max_new_tokens=32, k=4, ignore_eos=True).tokens == base.tokens
 
 
-@pytest.mark.parametrize("arch,name", [("gemma2", "Gemma2ForCausalLM"), ("phi3", "Phi3ForCausalLM")])
+@pytest.mark.parametrize("arch,name", [("gemma2", "Gemma2ForCausalLM"), ("phi3", "Phi3ForCausalLM"),
+                                       ("starcoder2", "Starcoder2ForCausalLM")])
 def test_a_gguf_whose_settings_the_reader_drops_is_refused_before_its_weights_load(tmp_path, arch, name):
-    """transformers' GGUF reader drops Gemma 3's rope scaling and the 27B models' query scale, and Phi-3's LongRoPE
-    factors, partial rotary dims and sliding window: such a GGUF is one clear error (export from the Hugging Face
-    folder), not a bundle checked against the same wrong model."""
+    """transformers' GGUF reader drops Gemma 3's rope scaling and the 27B models' query scale, Phi-3's LongRoPE
+    factors, partial rotary dims and sliding window, and StarCoder2's rope theta: such a GGUF is one clear error
+    (export from the Hugging Face folder), not a bundle checked against the same wrong model."""
     from specedge.errors import ExportError
 
     write_gguf(tm.make_model(arch, 260, seed=1), tmp_path / "model.gguf", quantize=False, tensors=False)

@@ -140,11 +140,12 @@ def open_source(src: str) -> Source:
     if text_of:
         config = config.text_config
         config.tie_word_embeddings = cfg["tie_word_embeddings"]    # the whole model's setting (_text_config)
-    dropped = [name for name in cfg["architectures"] if name.startswith("Gemma") or name == "Phi3ForCausalLM"]
+    dropped = [name for name in cfg["architectures"]
+               if name.startswith("Gemma") or name in ("Phi3ForCausalLM", "Starcoder2ForCausalLM")]
     if kind == "gguf" and dropped:
         # transformers' GGUF reader leaves out Gemma 3's rope scaling (4B and up) and the 27B models' query scale,
-        # and Phi-3's LongRoPE factors, partial rotary dims and sliding window: the export check would compare with
-        # the same wrong model
+        # Phi-3's LongRoPE factors, partial rotary dims and sliding window, StarCoder2's rope theta: the export check
+        # would compare with the same wrong model
         raise ExportError(f"{src}: {dropped[0]} from a GGUF file is not supported (transformers' GGUF reader drops "
                           "some of its settings); export it from its Hugging Face folder")
     return Source(src, kind, where, extra, cfg, tokenizer, text_of, config)

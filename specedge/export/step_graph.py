@@ -300,6 +300,14 @@ class StepGraph:
         eps = b.const(self.spec.norm_eps, dtype="float32", hint="eps", keep=True)
         return b.from_float32(b.op("Mul", b.op("Div", x, b.op("Sqrt", b.op("Add", variance, eps))), w))
 
+    def layer_norm(self, x: str, name: str, weight: np.ndarray, bias: np.ndarray) -> str:
+        """LayerNorm over x's last axis (weight and bias [that width], named name.weight / name.bias); in float32
+        whatever the graph's dtype."""
+        b = self.b
+        w, bias = b.weight(f"{name}.weight", weight, keep=True), b.weight(f"{name}.bias", bias, keep=True)
+        return b.from_float32(b.op("LayerNormalization", b.to_float32(x), w, bias, axis=-1,
+                                   epsilon=self.spec.norm_eps))
+
     def gelu(self, x: str, exact: bool) -> str:
         """0.5 x (1 + erf(x / sqrt 2)), or its tanh approximation (gelu_new, gelu_pytorch_tanh)."""
         b = self.b

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from specedge.errors import ExportError
-from specedge.models import gemma, gpt2, llama
+from specedge.models import gemma, gpt2, llama, starcoder2
 
 ARCHITECTURES: dict[str, ModuleType] = {
     "LlamaForCausalLM": llama,
@@ -22,6 +22,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "Olmo3ForCausalLM": llama,
     "SmolLM3ForCausalLM": llama,
     "GPT2LMHeadModel": gpt2,
+    "Starcoder2ForCausalLM": starcoder2,
     "GemmaForCausalLM": gemma,
     "Gemma2ForCausalLM": gemma,
     "Gemma3ForCausalLM": gemma,

@@ -37,10 +37,7 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         return graph.linear(x, prefix, weight.T, weights.take(f"{prefix}.bias", (n_out,)))
 
     def layer_norm(x: str, prefix: str) -> str:
-        """In float32 whatever the graph's dtype."""
-        w = b.weight(f"{prefix}.weight", weights.take(f"{prefix}.weight", (e,)), keep=True)
-        bias = b.weight(f"{prefix}.bias", weights.take(f"{prefix}.bias", (e,)), keep=True)
-        return b.from_float32(b.op("LayerNormalization", b.to_float32(x), w, bias, axis=-1, epsilon=spec.norm_eps))
+        return graph.layer_norm(x, prefix, weights.take(f"{prefix}.weight", (e,)), weights.take(f"{prefix}.bias", (e,)))
 
     wte_rows = weights.take("transformer.wte.weight", (spec.vocab_rows, e))[: spec.vocab_size]
     tokens, wte = graph.embedding("transformer.wte.weight", wte_rows, graph.ids)

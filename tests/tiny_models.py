@@ -95,6 +95,9 @@ def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, s
                                           **common)
     if arch == "starcoder2":   # LayerNorms, biases everywhere, a plain GELU MLP, window 6 on every layer
         return transformers.Starcoder2Config(num_key_value_heads=2, sliding_window=6, rope_theta=1e5, **common)
+    if arch == "exaone4":  # a sliding layer with rope (window 6), a full layer without; norms after, per-head q/k
+        return transformers.Exaone4Config(num_key_value_heads=2, sliding_window=6, sliding_window_pattern=2,
+                                          rope_theta=1e4, **common)
     if arch == "gpt2":
         return transformers.GPT2Config(vocab_size=vocab_rows, n_embd=hidden, n_layer=layers, n_head=4, n_positions=512)
     raise ValueError(arch)

@@ -21,6 +21,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "Olmo2ForCausalLM": llama,
     "Olmo3ForCausalLM": llama,
     "SmolLM3ForCausalLM": llama,
+    "Exaone4ForCausalLM": llama,
     "GPT2LMHeadModel": gpt2,
     "Starcoder2ForCausalLM": starcoder2,
     "GemmaForCausalLM": gemma,

@@ -1,7 +1,8 @@
-"""Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3, Granite, OLMo 2 and 3, SmolLM3): RMSNorm, RoPE, GQA,
-SwiGLU, optional q/k/v biases, optional per-head q/k norms (Qwen3); Phi-3's fused q/k/v and gate/up weights, LongRoPE
-and partial rotary dims; Granite's multipliers; OLMo's norms after attention and MLP and over whole q and k, and OLMo
-3's sliding layers with their own rope; SmolLM3's layers without RoPE."""
+"""Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3, Granite, OLMo 2 and 3, SmolLM3, EXAONE 4): RMSNorm,
+RoPE, GQA, SwiGLU, optional q/k/v biases, optional per-head q/k norms (Qwen3, EXAONE 4); Phi-3's fused q/k/v and
+gate/up weights, LongRoPE and partial rotary dims; Granite's multipliers; norms after attention and MLP (OLMo, EXAONE
+4), OLMo's over whole q and k, OLMo 3's sliding layers with their own rope; layers without RoPE (SmolLM3, EXAONE 4's
+full-attention layers)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
     window, sliding = _sliding(cfg, architecture)
     phi3, granite, olmo3 = (architecture == name for name in ("Phi3ForCausalLM", "GraniteForCausalLM",
                                                                 "Olmo3ForCausalLM"))
-    olmo = olmo3 or architecture == "Olmo2ForCausalLM"
+    olmo, exaone4 = olmo3 or architecture == "Olmo2ForCausalLM", architecture == "Exaone4ForCausalLM"
     rope, rope_local = ropes_by_layer_type(cfg, architecture) if olmo3 else \
         (rope_from_config(cfg, partial_rotary=phi3), {})
     head_dim = cfg.get("head_dim") or hidden // heads
@@ -34,17 +35,20 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=qkv_bias,
         o_bias=architecture != "Qwen2ForCausalLM" and bool(cfg.get("attention_bias", False)),
         mlp_bias=bool(cfg.get("mlp_bias", False)), activation="silu", rope=rope, rope_local=rope_local,
-        qk_norm=architecture == "Qwen3ForCausalLM", sliding_window=window, sliding_layers=sliding,
-        rotary_dim=rotary_dim_of(cfg, head_dim) if phi3 else head_dim, qk_norm_whole=olmo, post_norms=olmo,
+        qk_norm=architecture == "Qwen3ForCausalLM" or exaone4, sliding_window=window, sliding_layers=sliding,
+        rotary_dim=rotary_dim_of(cfg, head_dim) if phi3 else head_dim, qk_norm_whole=olmo, post_norms=olmo or exaone4,
         **(_granite_scales(cfg) if granite else {}), nope_layers=_nope_layers(cfg, architecture),
     )
 
 
 def _nope_layers(cfg: dict, architecture: str) -> list[int]:
-    """SmolLM3: the layers its no_rope_layers marks 0 run without RoPE (every fourth by default)."""
-    if architecture != "SmolLM3ForCausalLM":
-        return []
-    return [i for i, use_rope in enumerate(cfg.get("no_rope_layers") or []) if not use_rope]
+    """The layers that run without RoPE: SmolLM3's marked 0 in no_rope_layers (every fourth by default);
+    EXAONE 4's full-attention layers where it has sliding ones."""
+    if architecture == "SmolLM3ForCausalLM":
+        return [i for i, use_rope in enumerate(cfg.get("no_rope_layers") or []) if not use_rope]
+    if architecture == "Exaone4ForCausalLM" and cfg.get("sliding_window"):
+        return [i for i, kind in enumerate(cfg.get("layer_types") or []) if kind != "sliding_attention"]
+    return []
 
 
 def _granite_scales(cfg: dict) -> dict:
@@ -57,13 +61,13 @@ def _granite_scales(cfg: dict) -> dict:
 
 def _sliding(cfg: dict, architecture: str) -> tuple[int, list[int]]:
     """(window, the layers it applies to) where transformers applies one: Mistral and Phi-3 every layer; Qwen2,
-    Qwen3, OLMo 3 and SmolLM3 the layers its layer_types say (Qwen: from max_window_layers on, with use_sliding_window);
+    Qwen3, OLMo 3, SmolLM3 and EXAONE 4 the layers its layer_types say (Qwen: from max_window_layers on, with use_sliding_window);
     (0, []) for none. Llama never does, whatever a converted config.json leaves in `sliding_window`."""
     window, types = cfg.get("sliding_window"), cfg.get("layer_types")
     if architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):
         sliding = list(range(cfg["num_hidden_layers"]))
-    elif architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM") \
-            and isinstance(types, list):
+    elif architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
+                          "Exaone4ForCausalLM") and isinstance(types, list):
         sliding = [i for i, kind in enumerate(types) if kind == "sliding_attention"]
     else:
         sliding = []

@@ -2,6 +2,7 @@
 never run a model call on the event loop, cancel with the task or the block, and raise bad options when awaited."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -9,6 +10,11 @@ from specedge.errors import OptionError
 from specedge.runtime import AsyncStream, load
 
 PROMPTS = ["def f(x):", "class LRUCache:\n    def __init__(self):\n", "import os\n"]
+
+
+def slowly(ids, text):
+    """An on_token that makes a tiny model's request last long enough to be cancelled midway (~5 ms a commit)."""
+    time.sleep(0.005)
 
 
 def run(coroutine):
@@ -81,12 +87,12 @@ def test_cancelling_ends_the_request_and_frees_its_slot(good_bundle):
     gen = load(good_bundle)
 
     async def main():
-        async with gen.astream(PROMPTS[0], max_new_tokens=200, ignore_eos=True) as stream:
+        async with gen.astream(PROMPTS[0], max_new_tokens=200, ignore_eos=True, on_token=slowly) as stream:
             async for _ in stream:
                 break                                              # leaving the block cancels
         left = await stream.wait()
 
-        task = asyncio.create_task(gen.agenerate(PROMPTS[1], max_new_tokens=200, ignore_eos=True))
+        task = asyncio.create_task(gen.agenerate(PROMPTS[1], max_new_tokens=200, ignore_eos=True, on_token=slowly))
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -125,4 +131,90 @@ def test_achat_equals_chat(good_bundle):
 
     streamed, result = run(main())
     assert "".join(streamed) == result.text == expected.text and result.tokens == expected.tokens
+    gen.close()
+
+
+def test_two_tasks_reading_one_stream_share_one_request_and_both_see_the_end(good_bundle):
+    """One submission whoever awaits first; a Stop button's task (cancel, then wait) while another task iterates:
+    both end, the pieces went to one or the other."""
+    gen = load(good_bundle)
+    submitted = []
+    stream_of = gen.stream
+    gen.stream = lambda *a, **kw: submitted.append(1) or stream_of(*a, **kw)
+
+    async def main():
+        both = gen.astream(PROMPTS[0], max_new_tokens=30, ignore_eos=True)
+        first, second = await asyncio.gather(both.wait(), both.wait())
+        stop = gen.astream(PROMPTS[1], max_new_tokens=200, ignore_eos=True, on_token=slowly)
+
+        async def reader():
+            async for _ in stop:
+                await asyncio.sleep(0.001)
+
+        reading = asyncio.create_task(reader())
+        await asyncio.sleep(0.05)
+        stop.cancel()
+        stopped = await stop.wait()
+        await reading
+        return first, second, stopped
+
+    first, second, stopped = run(main())
+    assert first is second and len(first.tokens) == 30 and len(submitted) == 2
+    assert stopped.stats.stop_reason == "cancelled" and len(stopped.tokens) < 200
+    gen.close()
+
+
+def test_an_error_is_raised_again_to_whoever_awaits_again(good_bundle):
+    gen = load(good_bundle)
+    stream = gen.astream("x", top_p=2)
+
+    async def main():
+        for _ in range(2):
+            with pytest.raises(OptionError, match="top_p"):
+                await stream.wait()
+
+    run(main())
+    gen.close()
+
+
+def test_a_failed_first_async_call_leaves_a_synchronous_caller_running(good_bundle):
+    """The first async call switches the generator to its worker thread; one refused before it is submitted must
+    not leave a synchronous caller waiting for a worker that never started."""
+    import threading
+
+    gen = load(good_bundle)
+    done = []
+    caller = threading.Thread(target=lambda: done.append(gen.stream(
+        PROMPTS[0], max_new_tokens=60, ignore_eos=True, on_token=slowly).wait()))
+    caller.start()
+    time.sleep(0.05)
+
+    async def main():
+        with pytest.raises(OptionError):
+            await gen.agenerate("x", temperature=-1)
+
+    run(main())
+    caller.join(timeout=60)
+    assert done and len(done[0].tokens) == 60
+    gen.close()
+
+
+def test_cancelling_while_the_request_is_submitted_cancels_it(good_bundle):
+    """The submission runs in a thread (a first grammar takes a while): a task cancelled meanwhile still cancels
+    the request once it is made, not only when its Stream happens to be freed."""
+    gen = load(good_bundle)
+    encode = gen.encode
+    gen.encode = lambda *a, **kw: time.sleep(0.3) or encode(*a, **kw)
+
+    async def main():
+        stream = gen.astream(PROMPTS[0], max_new_tokens=200, ignore_eos=True, on_token=slowly)
+        task = asyncio.create_task(stream.wait())
+        await asyncio.sleep(0.05)                                   # inside the slow encode
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await stream.wait()
+
+    result = run(main())
+    assert result.stats.stop_reason == "cancelled" and len(result.tokens) < 200
     gen.close()

@@ -475,3 +475,20 @@ def test_a_window_at_least_as_long_as_the_buffer_adds_no_mask_and_yarn_stretches
     with pytest.raises(ExportError, match="cannot load weights"):   # the warnings came before the weights opened
         pipeline._export_model("target", source, tmp_path, 260, 100_000, 4, None, lines.append, None, [], "gqa")
     assert lines and not any("exceeds" in line for line in lines)
+
+
+def test_granite_multipliers_stay_float32_in_a_bfloat16_graph(tmp_path):
+    """transformers multiplies a bf16 tensor by the Python float 0.22 in float32 and rounds once; the factor rounded
+    to bf16 first (0.2197) would shrink every residual branch by 0.1%."""
+    import onnx
+    from onnx import numpy_helper
+
+    src = tm.save(tm.make_model("granite", 260, seed=4), tm.byte_tokenizer(), tmp_path / "granite")
+    bundle = export_bundle(str(src), None, tmp_path / "out", max_seq_len=64, max_draft=4, dtype="bfloat16",
+                           attention="standard", progress=None)
+    graph = onnx.load(bundle / "target.onnx").graph
+    factors = {init.name.split("_")[0]: numpy_helper.to_array(init) for init in graph.initializer
+               if init.name.startswith(("residual_scale", "embed_scale"))}
+    assert factors["residual"].dtype == np.float32 and factors["residual"] == np.float32(0.22)
+    assert factors["embed"] == np.float32(12.0)
+    assert np.float32(0.22) != np.float32(0.2197265625)                  # what bf16 would have kept

@@ -96,12 +96,18 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
             return [(name, weights.take(name, (n,))) for name, n in zip(names, (q_out, kv_out))]
         return [(name, weights.take(name, (d,))) for name in names] if spec.qk_norm else None
 
+    def scaled(x: str, name: str, factor: float) -> str:
+        """x times a Python float, as torch multiplies a tensor by one: in float32, rounded once to the graph's dtype
+        (not times the factor rounded to bfloat16 first)."""
+        factor = b.const(np.float32(factor), np.float32, name, keep=True)
+        return b.from_float32(b.op("Mul", b.to_float32(x), factor))
+
     def residual_add(x: str, branch: str, norm: str) -> str:
         """x + the branch's output: normed first where the model norms outputs (OLMo 2), scaled (Granite)."""
         if spec.post_norms:
             branch = rms_norm(branch, norm)
         if spec.residual_scale != 1.0:
-            branch = b.op("Mul", branch, b.weight(f"{norm}.residual_scale", np.array(spec.residual_scale, np.float32)))
+            branch = scaled(branch, "residual_scale", spec.residual_scale)
         return b.op("Add", x, branch)
 
     def input_norm(x: str, norm: str) -> str:
@@ -118,8 +124,8 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     embed_rows = weights.take("model.embed_tokens.weight", (spec.vocab_rows, e))[: spec.vocab_size]
     x, embed = graph.embedding("model.embed_tokens.weight", embed_rows, graph.ids)    # [B, T, E]
     del embed_rows
-    if spec.embed_scale != 1.0:
-        x = b.op("Mul", x, b.weight("embed_scale", np.array(spec.embed_scale, np.float32)))
+    if spec.embed_scale != 1.0:                                     # Granite's embedding_multiplier
+        x = scaled(x, "embed_scale", spec.embed_scale)
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
         # OLMo 2 norms the attention's output with the norm named post_attention_layernorm (Llama: the MLP's input)

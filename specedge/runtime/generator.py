@@ -246,10 +246,13 @@ class Generator:
         return await self.astream_chat(messages, **options).wait()
 
     def _in_background(self, submit):
-        """submit, made to switch the generator to its worker thread first (_submit starts it)."""
+        """submit, made to switch the generator to its worker thread first: flag and worker together, so that a
+        submission that fails (a bad option, a full queue) leaves no synchronous caller waiting on a worker that
+        never started."""
         def submitted(outbox):
             with self.scheduler.wake:
                 self.scheduler.background = True
+                self._ensure_worker()
             return submit(outbox)
         return submitted
 

@@ -75,7 +75,7 @@ def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, s
                                        partial_rotary_factor=0.5, rope_parameters=rope, tie_word_embeddings=False,
                                        **common)
     if arch == "granite":  # every multiplier away from 1, biases on q/k/v/o
-        return transformers.GraniteConfig(num_key_value_heads=2, attention_bias=True, embedding_multiplier=12.0,
+        return transformers.GraniteConfig(num_key_value_heads=2, attention_bias=True, embedding_multiplier=3.0,
                                           attention_multiplier=0.2, residual_multiplier=0.22, logits_scaling=2.5,
                                           tie_word_embeddings=True, **common)
     if arch == "olmo2":    # norms after attention and MLP, q/k norms over the whole projections

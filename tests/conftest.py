@@ -13,7 +13,7 @@ from specedge.runtime.backends import open_backend  # noqa: E402
 from specedge.runtime.backends.base import SlotCursor  # noqa: E402
 
 ARCHS = ("qwen2", "llama", "mistral", "gpt2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "olmo2", "olmo3",
-         "smollm3", "gemma", "starcoder2", "exaone4")
+         "smollm3", "gemma", "starcoder2", "exaone4", "hunyuan")
 TARGET_ROWS, DRAFT_ROWS = 260, 264   # the draft's padded embedding rows are sliced off at export
 
 

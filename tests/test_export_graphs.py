@@ -44,7 +44,7 @@ def test_graph_matches_transformers(arch_bundles, standard_bundles, workdir, var
                                      "granite": "GraniteForCausalLM", "olmo2": "Olmo2ForCausalLM",
                                      "olmo3": "Olmo3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                                      "gemma": "GemmaForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
-                                     "exaone4": "Exaone4ForCausalLM"}[arch]
+                                     "exaone4": "Exaone4ForCausalLM", "hunyuan": "HunYuanDenseV1ForCausalLM"}[arch]
     assert entry["export_check"]["max_abs_logit_error"] < 1e-3 and entry["export_check"]["ids_equal_argmax"]
     rng = np.random.default_rng(7)
     ids = rng.integers(0, vocab, size=40).tolist()

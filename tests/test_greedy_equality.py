@@ -19,7 +19,7 @@ def _run(gen, prompt, k, n=120):
 @pytest.mark.parametrize("pair", ["good", "bad-qwen2", "bad-llama", "bad-mistral", "bad-gpt2", "bad-phi3",
                                   "bad-granite", "bad-olmo2", "bad-olmo3",
                                   "bad-smollm3", "bad-gemma", "bad-starcoder2",
-                                  "bad-exaone4"])
+                                  "bad-exaone4", "bad-hunyuan"])
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_speculative_greedy_equals_target_greedy(gens, pair, k):
     gen = gens[pair]

@@ -98,6 +98,10 @@ def make_config(arch: str, vocab_rows: int, layers: int = 2, hidden: int = 64, s
     if arch == "exaone4":  # a sliding layer with rope (window 6), a full layer without; norms after, per-head q/k
         return transformers.Exaone4Config(num_key_value_heads=2, sliding_window=6, sliding_window_pattern=2,
                                           rope_theta=1e4, **common)
+    if arch == "hunyuan":  # per-head q/k norms after RoPE; a fixed NTK alpha on the rope base
+        return transformers.HunYuanDenseV1Config(num_key_value_heads=2, head_dim=16, attention_bias=True,
+                                                 rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0},
+                                                 tie_word_embeddings=True, **common)
     if arch == "gpt2":
         return transformers.GPT2Config(vocab_size=vocab_rows, n_embd=hidden, n_layer=layers, n_head=4, n_positions=512)
     raise ValueError(arch)

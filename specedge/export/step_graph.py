@@ -338,15 +338,19 @@ class StepGraph:
         if self.extra_row:
             qkv = self._with_extra_row(qkv)
         q, k, v = self.split(qkv, [s.num_heads * s.head_dim] + [s.num_kv_heads * s.head_dim] * 2)
-        if head_norms:
+        after = head_norms if s.qk_norm_after_rope else None         # HunYuan norms q and k heads after RoPE
+        if head_norms and not after:
             (q_name, q_weight), (k_name, k_weight) = head_norms
             q, k = self._head_norm(q, q_name, q_weight), self._head_norm(k, k_name, k_weight)
         if self.gqa:
-            return self._attention_gqa(layer, q, k, v)
+            return self._attention_gqa(layer, q, k, v, after)
         q, k, v = self._heads(q, s.num_heads), self._heads(k, s.num_kv_heads), self._heads(v, s.num_kv_heads)
         cos_sin = self._layer_cos_sin(layer)
         if cos_sin:
             q, k = self._rotate(q, cos_sin), self._rotate(k, cos_sin)
+        if after:                                                     # [B, H, T, D]: over each head's last axis
+            (q_name, q_weight), (k_name, k_weight) = after
+            q, k = self.rms_norm(q, q_name, q_weight), self.rms_norm(k, k_name, k_weight)
         past_k, past_v = self.past[layer]
         # present_* are TensorScatter's own outputs (no Identity): onnxruntime writes in place only then
         keys = b.op("TensorScatter", past_k, k, self.write_index, axis=2,
@@ -371,7 +375,7 @@ class StepGraph:
         context = b.op("Transpose", context, perm=[0, 2, 1, 3])                           # [B, T, H, D]
         return b.op("Reshape", context, b.const([0, 0, s.num_heads * s.head_dim]))
 
-    def _attention_gqa(self, layer: int, q: str, k: str, v: str) -> str:
+    def _attention_gqa(self, layer: int, q: str, k: str, v: str, norms_after: list | None = None) -> str:
         b, s = self.b, self.spec
         cos_sin = self._layer_cos_sin(layer)
         if cos_sin:
@@ -381,6 +385,9 @@ class StepGraph:
                      interleaved=0, num_heads=s.num_heads, **partial)                     # [B, T + 1, H*D]
             k = b.op("RotaryEmbedding", k, self.attention_positions, cos, sin, domain="com.microsoft",
                      interleaved=0, num_heads=s.num_kv_heads, **partial)
+        if norms_after:
+            (q_name, q_weight), (k_name, k_weight) = norms_after
+            q, k = self._head_norm(q, q_name, q_weight), self._head_norm(k, k_name, k_weight)
         past_k, past_v = self.past[layer]
         # present_* are the node's own outputs (no Identity): onnxruntime shares them with past_* only then
         present = (f"present_key.{layer}", f"present_value.{layer}")

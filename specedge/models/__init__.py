@@ -22,6 +22,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "Olmo3ForCausalLM": llama,
     "SmolLM3ForCausalLM": llama,
     "Exaone4ForCausalLM": llama,
+    "HunYuanDenseV1ForCausalLM": llama,
     "GPT2LMHeadModel": gpt2,
     "Starcoder2ForCausalLM": starcoder2,
     "GemmaForCausalLM": gemma,

@@ -1,5 +1,6 @@
-"""Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3, Granite, OLMo 2 and 3, SmolLM3, EXAONE 4): RMSNorm,
-RoPE, GQA, SwiGLU, optional q/k/v biases, optional per-head q/k norms (Qwen3, EXAONE 4); Phi-3's fused q/k/v and
+"""Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3, Granite, OLMo 2 and 3, SmolLM3, EXAONE 4, HunYuan):
+RMSNorm, RoPE, GQA, SwiGLU, optional q/k/v biases, optional per-head q/k norms (Qwen3, EXAONE 4; HunYuan after RoPE,
+with a fixed NTK alpha); Phi-3's fused q/k/v and
 gate/up weights, LongRoPE and partial rotary dims; Granite's multipliers; norms after attention and MLP (OLMo, EXAONE
 4), OLMo's over whole q and k, OLMo 3's sliding layers with their own rope; layers without RoPE (SmolLM3, EXAONE 4's
 full-attention layers)."""
@@ -23,8 +24,12 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
     phi3, granite, olmo3 = (architecture == name for name in ("Phi3ForCausalLM", "GraniteForCausalLM",
                                                                 "Olmo3ForCausalLM"))
     olmo, exaone4 = olmo3 or architecture == "Olmo2ForCausalLM", architecture == "Exaone4ForCausalLM"
+    hunyuan = architecture == "HunYuanDenseV1ForCausalLM"
     rope, rope_local = ropes_by_layer_type(cfg, architecture) if olmo3 else \
         (rope_from_config(cfg, partial_rotary=phi3), {})
+    if hunyuan and rope.get("type") == "dynamic" and rope.get("alpha"):
+        # transformers' HunYuan reads a fixed alpha as static NTK scaling, whatever "dynamic" its checkpoints say
+        rope = {"type": "ntk_alpha", "theta": rope["theta"], "alpha": rope["alpha"]}
     head_dim = cfg.get("head_dim") or hidden // heads
     return ModelSpec(
         architecture=architecture, family="llama", vocab_rows=cfg["vocab_size"], hidden_size=hidden,
@@ -35,7 +40,8 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), qkv_bias=qkv_bias,
         o_bias=architecture != "Qwen2ForCausalLM" and bool(cfg.get("attention_bias", False)),
         mlp_bias=bool(cfg.get("mlp_bias", False)), activation="silu", rope=rope, rope_local=rope_local,
-        qk_norm=architecture == "Qwen3ForCausalLM" or exaone4, sliding_window=window, sliding_layers=sliding,
+        qk_norm=architecture == "Qwen3ForCausalLM" or exaone4 or hunyuan, qk_norm_after_rope=hunyuan,
+        sliding_window=window, sliding_layers=sliding,
         rotary_dim=rotary_dim_of(cfg, head_dim) if phi3 else head_dim, qk_norm_whole=olmo, post_norms=olmo or exaone4,
         **(_granite_scales(cfg) if granite else {}), nope_layers=_nope_layers(cfg, architecture),
     )
@@ -76,6 +82,7 @@ def _sliding(cfg: dict, architecture: str) -> tuple[int, list[int]]:
 
 def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     b, e, d = graph.b, spec.hidden_size, spec.head_dim
+    hunyuan = spec.architecture == "HunYuanDenseV1ForCausalLM"
     q_out, kv_out = spec.num_heads * d, spec.num_kv_heads * d
 
     def part(prefix: str, n_in: int, n_out: int, has_bias: bool) -> tuple:
@@ -89,9 +96,10 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         return graph.rms_norm(x, name, weights.take(name, (e,)))
 
     def head_norms(p: str) -> list[tuple[str, np.ndarray]] | None:
-        """The RMSNorms of q and of k before RoPE, [(name, weight)] for q then k: of each head (Qwen3, weight [D])
-        or of the whole projection (OLMo 2, weights [H*D] and [H_kv*D])."""
-        names = [f"{p}.self_attn.{which}_norm.weight" for which in ("q", "k")]
+        """The RMSNorms of q and of k, [(name, weight)] for q then k: of each head (Qwen3, weight [D]) or of the
+        whole projection (OLMo 2, weights [H*D] and [H_kv*D]); HunYuan names them query/key_layernorm."""
+        names = [f"{p}.self_attn.{which}" for which in (("query_layernorm.weight", "key_layernorm.weight")
+                                                         if hunyuan else ("q_norm.weight", "k_norm.weight"))]
         if spec.qk_norm_whole:
             return [(name, weights.take(name, (n,))) for name, n in zip(names, (q_out, kv_out))]
         return [(name, weights.take(name, (d,))) for name in names] if spec.qk_norm else None

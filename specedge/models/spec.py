@@ -29,6 +29,7 @@ class ModelSpec:
     mlp_bias: bool = False
     qk_norm: bool = False      # an RMSNorm of each q and k head before RoPE (Qwen3, Gemma 3)
     qk_norm_whole: bool = False     # one RMSNorm over all of q's (k's) projection before RoPE instead (OLMo 2)
+    qk_norm_after_rope: bool = False    # the per-head q/k norms come after RoPE, not before (HunYuan)
     post_norms: bool = False   # RMSNorm of the attention's and the MLP's outputs before their residual adds, none
                                # of their inputs (OLMo 2)
     embed_scale: float = 1.0   # embeddings times this (Gemma: sqrt(hidden_size); Granite: embedding_multiplier)
@@ -78,8 +79,11 @@ def rope_inv_freq(rope: dict, head_dim: int) -> np.ndarray:
         return _yarn_inv_freq(rope, inv_freq, head_dim)
     if kind == "longrope":
         return _longrope_inv_freq(rope, exponent, head_dim)
+    if kind == "ntk_alpha":                 # HunYuan: a fixed NTK alpha stretches the base, whatever the length
+        base = rope["theta"] * rope["alpha"] ** (head_dim / (head_dim - 2))
+        return (1.0 / (np.float32(base) ** exponent)).astype(np.float32)
     raise ExportError(f"rope scaling type '{kind}' is not supported (supported: default, linear, dynamic within the "
-                      "trained length, llama3, yarn, longrope)")
+                      "trained length, llama3, yarn, longrope, HunYuan's NTK alpha)")
 
 
 def _longrope_inv_freq(rope: dict, exponent: np.ndarray, head_dim: int) -> np.ndarray:
@@ -144,7 +148,7 @@ def rope_from_config(cfg: dict, partial_rotary: bool = False) -> dict:
     rope = {"type": kind, "theta": float(theta)}
     for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
                 "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate",
-                "short_factor", "long_factor"):
+                "short_factor", "long_factor", "alpha"):
         if params.get(key) is not None:
             rope[key] = params[key]
     if kind == "longrope" and "original_max_position_embeddings" not in rope:

@@ -27,9 +27,9 @@ from starlette.routing import Route
 from specedge.errors import NoDraftModel, OptionError, SpecedgeError
 from specedge.runtime.scheduler import QueueFull
 from specedge.runtime.stats import GenerationStats
-from specedge.runtime.reasoning import ReasoningStream
+from specedge.runtime.reasoning import ReasoningStream, split_reasoning
 from specedge.runtime.tool_calls import ToolCallStream
-from specedge.serve import protocol
+from specedge.serve import protocol, responses
 from specedge.serve.bridge import Bridge, RequestTimeout
 from specedge.serve.errors import APIError, invalid
 from specedge.serve.logprobs import (TextOffsets, TokenText, chat_logprobs, completion_logprobs, echoed_logprobs,
@@ -204,6 +204,22 @@ class Service:
             return StreamingResponse(self._sse(request, req, handles, started), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                                      background=BackgroundTask(self._release, request, req, handles, started))
+        outcomes = await self._run_to_end(request, req, handles, started)
+        if outcomes is None:
+            return Response(status_code=CLIENT_CLOSED)
+        stop = outcomes[0]["stop"]
+        spec = protocol.speculation(_combined(outcomes), req.speculation, stop)
+        for handle, outcome in zip(handles, outcomes):
+            self._done(req, handle, outcome["stop"], outcome["stats"], started)
+        self._log(request, req, handles, 200, stop, spec, started)
+        choices = [self._choice(req, handle, outcome["stop"]) for handle, outcome in zip(handles, outcomes)]
+        completion_tokens = 0 if req.echo_only else sum(len(h.tokens) for h in handles)
+        return JSONResponse(protocol.response(req, choices, completion_tokens,
+                                              outcomes[0]["stats"].cached_prompt_tokens, spec))
+
+    async def _run_to_end(self, request: Request, req, handles: list, started: float) -> list[dict] | None:
+        """Waits for every choice of an unstreamed request -> their outcomes (stop reason, stats); None where the
+        client went away first (its slots freed, logged); raises the APIError a choice ended with."""
         outcomes: list[dict] = [{} for _ in handles]
 
         async def collect(handle, outcome):
@@ -224,21 +240,79 @@ class Service:
                 self._cancel(handles)
         if waiter.cancelled() or not waiter.done():
             self._log(request, req, handles, CLIENT_CLOSED, "cancelled", None, started)
-            return Response(status_code=CLIENT_CLOSED)
+            return None
         if waiter.exception() is not None:           # a failed or refused end: the other choices end too
             self._cancel(handles)
             raise waiter.exception()
         if _all_timed_out(handles, outcomes):
             raise _timed_out(req.timeout)
-        stop = outcomes[0]["stop"]
-        spec = protocol.speculation(_combined(outcomes), req.speculation, stop)
-        for handle, outcome in zip(handles, outcomes):
-            self._done(req, handle, outcome["stop"], outcome["stats"], started)
+        return outcomes
+
+    # -- the Responses API (serve/responses.py: its request and its shapes) -----------------------------
+    async def responses(self, request: Request, started: float) -> Response:
+        body = await self._read_json(request)
+        try:
+            req = protocol.parse(responses.chat_body(body), "chat", self.gen, self.limits)
+        except APIError as err:
+            raise responses.renamed(err) from None
+        shape = responses.Shape(body, req)
+        handles = self._open(req)
+        if req.stream:
+            self._unstarted.update(handles)
+            return StreamingResponse(self._response_events(request, req, handles[0], shape, started),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                                     background=BackgroundTask(self._release, request, req, handles, started))
+        outcomes = await self._run_to_end(request, req, handles, started)
+        if outcomes is None:
+            return Response(status_code=CLIENT_CLOSED)
+        handle, stop, stats = handles[0], outcomes[0]["stop"], outcomes[0]["stats"]
+        spec = protocol.speculation(stats, req.speculation, stop)
+        self._done(req, handle, stop, stats, started)
         self._log(request, req, handles, 200, stop, spec, started)
-        choices = [self._choice(req, handle, outcome["stop"]) for handle, outcome in zip(handles, outcomes)]
-        completion_tokens = 0 if req.echo_only else sum(len(h.tokens) for h in handles)
-        return JSONResponse(protocol.response(req, choices, completion_tokens,
-                                              outcomes[0]["stats"].cached_prompt_tokens, spec))
+        thought, text = split_reasoning(handle.text, req.thinking) if req.thinking is not None else (None, handle.text)
+        return JSONResponse(shape.response(responses.status(stop), shape.output(thought, text),
+                                           responses.usage(len(req.prompt_ids), len(handle.tokens),
+                                                           stats.cached_prompt_tokens), stop, spec))
+
+    async def _response_events(self, request: Request, req, handle, shape, started: float):
+        self._unstarted.discard(handle)
+        status, stop, spec, outcome = CLIENT_CLOSED, "cancelled", None, {}
+        events = responses.Events(shape)
+        thinking = ReasoningStream(req.thinking) if req.thinking is not None else None
+        try:
+            for event in events.start():
+                yield event
+            try:
+                async for piece, _ in self._follow(handle, outcome):
+                    thought, piece = thinking.feed(piece) if thinking else ("", piece)
+                    for event in (events.reasoning(thought) if thought else []) + \
+                            (events.message(piece) if piece else []):
+                        await asyncio.sleep(0)             # the loop runs between events (see _sse)
+                        yield event
+            except APIError as err:                         # headers are sent: an error event, then the end
+                self._cancel([handle])
+                status, stop = err.status, err.code or err.type
+                self.metrics.request_error(err.status)
+                yield shape.event("error", code=err.code or err.type, message=err.message, param=err.param)
+                yield shape.event("response.failed", response={**shape.response("failed", []),
+                                                               "error": {"code": err.code or err.type,
+                                                                         "message": err.message}})
+                return
+            thought, rest = thinking.finish() if thinking else ("", "")
+            tail = (events.reasoning(thought) if thought else []) + (events.message(rest) if rest else [])
+            stop, stats = outcome["stop"], outcome["stats"]
+            self._done(req, handle, stop, stats, started)
+            spec = protocol.speculation(stats, req.speculation, stop)
+            for event in tail + events.finish():
+                yield event
+            final = shape.response(responses.status(stop), shape.output(events.thought, events.text),
+                                   responses.usage(len(req.prompt_ids), len(handle.tokens), stats.cached_prompt_tokens),
+                                   stop, spec)
+            status = 200
+            yield shape.event(f"response.{final['status']}", response=final)
+        finally:
+            self._log(request, req, [handle], status, stop, spec, started)
 
     def _cancel(self, handles: list) -> None:
         for handle in handles:
@@ -587,6 +661,7 @@ def create_app(gen, limits: Limits, api_key: str | None = None,
     routes = [
         Route("/v1/completions", service.route(completions), methods=["POST"]),
         Route("/v1/chat/completions", service.route(chat), methods=["POST"]),
+        Route("/v1/responses", service.route(service.responses), methods=["POST"]),
         Route("/v1/models", service.route(service.models), methods=["GET"]),
         Route("/v1/models/{model:path}", service.route(service.model), methods=["GET"]),
         Route("/v1/speculation/rejections", service.route(service.rejections_view), methods=["GET"]),

@@ -1,0 +1,132 @@
+"""POST /v1/responses through the official openai client: the same reply as chat completions, streamed as the
+Responses API's typed events, reasoning as its own item, JSON output, and every parameter that cannot be honoured
+refused in OpenAI's error shape."""
+
+import json
+
+import pytest
+
+pytest.importorskip("starlette")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from serve_helpers import MODEL, running, script_target, serve_bundle, sse_events, wait_idle  # noqa: E402
+from test_reasoning import REPLY, THINKING  # noqa: E402
+from test_serve import assert_openai_error, client  # noqa: E402
+
+ASK = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "write a loop"}]
+
+
+@pytest.fixture(scope="module")
+def server(workdir):
+    with running(serve_bundle(workdir), max_batch=4, max_queue=16) as (srv, gen):
+        yield srv, gen
+
+
+def test_a_response_is_the_chat_completion_s_reply(server):
+    srv, gen = server
+    chat = client(srv).chat.completions.create(model=MODEL, messages=ASK, max_tokens=24, temperature=0,
+                                               extra_body={"ignore_eos": True})
+    response = client(srv).responses.create(model=MODEL, instructions="be brief", input="write a loop",
+                                            max_output_tokens=24, temperature=0,
+                                            extra_body={"ignore_eos": True, "speculation": {"policy": "fixed:4"}})
+    assert response.output_text == chat.choices[0].message.content and response.object == "response"
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage.input_tokens == chat.usage.prompt_tokens and response.usage.output_tokens == 24
+    assert response.usage.total_tokens == chat.usage.prompt_tokens + 24
+    assert [item.type for item in response.output] == ["message"] and response.output[0].role == "assistant"
+    spec = response.model_extra["speculation"]
+    assert spec["drafted_tokens"] > 0 and spec["mean_accepted_length"] >= 1
+    # input as messages with typed parts gives the same prompt
+    parts = client(srv).responses.create(model=MODEL, max_output_tokens=24, temperature=0,
+                                         input=[{"role": "system", "content": [{"type": "input_text",
+                                                                                "text": "be brief"}]},
+                                                {"type": "message", "role": "user", "content": "write a loop"}],
+                                         extra_body={"ignore_eos": True})
+    assert parts.output_text == response.output_text and parts.usage.input_tokens == response.usage.input_tokens
+
+
+def test_a_streamed_response_sends_the_typed_events_in_order(server):
+    srv, gen = server
+    kwargs = dict(model=MODEL, instructions="be brief", input="write a loop", max_output_tokens=30, temperature=0,
+                  extra_body={"speculation": {"policy": "fixed:4"}})
+    whole = client(srv).responses.create(**kwargs)
+    events = list(client(srv).responses.create(stream=True, **kwargs))
+    kinds = [event.type for event in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          f"response.{whole.status}"]
+    assert set(kinds[4:-4]) == {"response.output_text.delta"}
+    assert [event.sequence_number for event in events] == list(range(1, len(events) + 1))
+    text = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    assert text == events[-4].text == whole.output_text
+    final = events[-1].response
+    assert final.output_text == whole.output_text and final.usage.output_tokens == whole.usage.output_tokens
+    assert final.model_extra["speculation"]["drafted_tokens"] > 0
+
+
+def test_json_output_follows_the_schema(server):
+    srv, gen = server
+    pytest.importorskip("llguidance")
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    response = client(srv).responses.create(model=MODEL, input="a number", max_output_tokens=40, temperature=0,
+                                            text={"format": {"type": "json_schema", "name": "number",
+                                                             "schema": schema, "strict": True}})
+    assert isinstance(json.loads(response.output_text)["n"], int)
+
+
+def test_thinking_comes_as_a_reasoning_item(workdir):
+    with running(serve_bundle(workdir)) as (srv, gen):
+        gen.chat_template = THINKING
+        prompt = len(gen.encode_messages([{"role": "user", "content": "2 + 2?"}]))
+        script_target(gen, gen.tokenizer.encode(REPLY, add_special_tokens=False).ids, prompt)
+        kwargs = dict(model=MODEL, input="2 + 2?", max_output_tokens=200, temperature=0)
+        whole = client(srv).responses.create(**kwargs)
+        assert [item.type for item in whole.output] == ["reasoning", "message"]
+        assert whole.output[0].content[0].text == "Two and two." and whole.output_text == "It is 4."
+        assert whole.status == "completed" and whole.incomplete_details is None
+        events = list(client(srv).responses.create(stream=True, **kwargs))
+        thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+        answer = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert (thought, answer) == ("Two and two.", "It is 4.")
+        added = [(e.output_index, e.item.type) for e in events if e.type == "response.output_item.added"]
+        assert added == [(0, "reasoning"), (1, "message")]
+        assert [item.type for item in events[-1].response.output] == ["reasoning", "message"]
+
+
+@pytest.mark.parametrize("body,status,param", [
+    ({"input": "x", "store": True}, 400, "store"),
+    ({"input": "x", "previous_response_id": "resp_1"}, 400, "previous_response_id"),
+    ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {}}]}, 400, "tools"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, 400, "input[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
+     "input[0].content[0]"),
+    ({"input": []}, 400, "input"),
+    ({"input": "x", "max_output_tokens": 0}, 400, "max_output_tokens"),
+    ({"input": "x", "max_output_tokens": 100000}, 400, "max_output_tokens"),
+    ({"input": "x", "text": {"format": {"type": "xml"}}}, 400, "text.format"),
+    ({"input": "x", "max_tokens": 5}, 400, "max_tokens"),
+    ({"input": "x", "reasoning": {"effort": "high"}}, 400, "reasoning"),
+    ({"input": "x", "model": "gpt-5"}, 404, "model"),
+])
+def test_what_cannot_be_honoured_is_refused_in_openai_s_shape(server, body, status, param):
+    srv, gen = server
+    response = httpx.post(srv.url + "/responses", json={"model": MODEL, **body}, timeout=30)
+    assert_openai_error(response, status, param)
+    assert wait_idle(srv)["running"] == 0
+
+
+def test_a_streamed_response_that_fails_ends_with_an_error_event(workdir):
+    with running(serve_bundle(workdir), max_batch=1) as (srv, gen):
+        def broken(*args, **kwargs):
+            raise RuntimeError("boom")
+
+        gen.target.run = broken
+        with httpx.stream("POST", srv.url + "/responses", timeout=30,
+                          json={"model": MODEL, "input": "x", "stream": True, "max_output_tokens": 4}) as r:
+            events = sse_events(r.iter_lines())
+        assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
+        assert events[-2]["type"] == "error" and events[-2]["code"] == "generation_failed"
+        assert events[-1]["type"] == "response.failed" and events[-1]["response"]["status"] == "failed"

@@ -12,6 +12,7 @@ httpx = pytest.importorskip("httpx")
 
 from serve_helpers import MODEL, running, script_target, serve_bundle, sse_events, wait_idle  # noqa: E402
 from test_reasoning import REPLY, THINKING  # noqa: E402
+from test_tool_calls import REPLY as CALLING, TOOLS, TOOLS_TEMPLATE, tool_bundle  # noqa: E402, F401
 from test_serve import assert_openai_error, client  # noqa: E402
 
 ASK = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "write a loop"}]
@@ -99,8 +100,11 @@ def test_thinking_comes_as_a_reasoning_item(workdir):
 @pytest.mark.parametrize("body,status,param", [
     ({"input": "x", "store": True}, 400, "store"),
     ({"input": "x", "previous_response_id": "resp_1"}, 400, "previous_response_id"),
-    ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {}}]}, 400, "tools"),
-    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}, 400, "input[0].type"),
+    ({"input": "x", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
+    ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {}}]}, 400, "tools"),  # no format
+    ({"input": "x", "tool_choice": "required"}, 400, "tool_choice"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, 400, "input[0].type"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, 400, "input[0].arguments"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
      "input[0].content[0]"),
     ({"input": []}, 400, "input"),
@@ -116,6 +120,42 @@ def test_what_cannot_be_honoured_is_refused_in_openai_s_shape(server, body, stat
     response = httpx.post(srv.url + "/responses", json={"model": MODEL, **body}, timeout=30)
     assert_openai_error(response, status, param)
     assert wait_idle(srv)["running"] == 0
+
+
+def test_function_tools_calls_and_their_results(tool_bundle):  # noqa: F811
+    """Responses' flat function tools through a <tool_call> template: the call as a function_call item, whole and
+    streamed; the call and its output sent back as input items give the chat API's next turn."""
+    flat = [{"type": "function", **TOOLS[0]["function"]}]
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    with running(tool_bundle) as (srv, gen):
+        gen.chat_template = TOOLS_TEMPLATE
+        script_target(gen, gen.tokenizer.encode(CALLING, add_special_tokens=False).ids,
+                      len(gen.encode_messages(asked, tools=TOOLS)))
+        kwargs = dict(model=MODEL, input=asked, tools=flat, max_output_tokens=120, temperature=0)
+        whole = client(srv).responses.create(**kwargs)
+        assert [item.type for item in whole.output] == ["message", "function_call"] and whole.status == "completed"
+        call = whole.output[1]
+        assert whole.output_text == "Let me look.\n" and call.name == "get_weather"
+        assert json.loads(call.arguments) == {"city": "Paris"} and call.call_id.startswith("call_")
+        events = list(client(srv).responses.create(stream=True, **kwargs))
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Let me look.\n"
+        done = [e.item for e in events if e.type == "response.output_item.done"]
+        assert [item.type for item in done] == ["message", "function_call"] and done[1].arguments == call.arguments
+        assert [e.arguments for e in events if e.type == "response.function_call_arguments.done"] == [call.arguments]
+        assert [item.type for item in events[-1].response.output] == ["message", "function_call"]
+
+        # the next turn: the reply's items and the call's output as input, as the chat API's messages
+        follow = [*asked, {"role": "assistant", "content": "Let me look.\n",
+                           "tool_calls": [{"id": call.call_id, "type": "function",
+                                           "function": {"name": call.name, "arguments": call.arguments}}]},
+                  {"role": "tool", "tool_call_id": call.call_id, "content": "sunny, 21 C"}]
+        script_target(gen, gen.tokenizer.encode("It is sunny.", add_special_tokens=False).ids,
+                      len(gen.encode_messages(follow, tools=TOOLS)))
+        items = [*asked, *[item.model_dump(exclude_none=True) for item in whole.output],
+                 {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}]
+        again = client(srv).responses.create(model=MODEL, input=items, tools=flat, max_output_tokens=40,
+                                             temperature=0)
+        assert again.output_text == "It is sunny." and [item.type for item in again.output] == ["message"]
 
 
 def test_a_streamed_response_that_fails_ends_with_an_error_event(workdir):

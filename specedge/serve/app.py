@@ -1,4 +1,5 @@
-"""The HTTP side: Starlette routes for the OpenAI-compatible API, /health, /metrics and the rejection analytics.
+"""The HTTP side: Starlette routes for the OpenAI-compatible API (completions, chat, responses), /health, /metrics
+and the rejection analytics.
 
 Every failure answers in OpenAI's error shape ({"error": {...}}) with its status; an unexpected exception is
 logged here and answered as a bare 500 (no traceback reaches a client) and the server goes on. One log line
@@ -28,7 +29,7 @@ from specedge.errors import NoDraftModel, OptionError, SpecedgeError
 from specedge.runtime.scheduler import QueueFull
 from specedge.runtime.stats import GenerationStats
 from specedge.runtime.reasoning import ReasoningStream, split_reasoning
-from specedge.runtime.tool_calls import ToolCallStream
+from specedge.runtime.tool_calls import ToolCallStream, split_tool_calls
 from specedge.serve import protocol, responses
 from specedge.serve.bridge import Bridge, RequestTimeout
 from specedge.serve.errors import APIError, invalid
@@ -39,6 +40,7 @@ from specedge.serve.protocol import Limits
 from specedge.serve.rejections import RejectionLog
 from specedge.serve.steps import StepLog
 from specedge.serve.tokenize import detokenize, tokenize
+from specedge.serve.tools import message_tool_calls
 
 log = logging.getLogger("specedge.serve")
 DEFAULT_MAX_BODY_BYTES = 1 << 20
@@ -271,7 +273,10 @@ class Service:
         self._done(req, handle, stop, stats, started)
         self._log(request, req, handles, 200, stop, spec, started)
         thought, text = split_reasoning(handle.text, req.thinking) if req.thinking is not None else (None, handle.text)
-        return JSONResponse(shape.response(responses.status(stop), shape.output(thought, text),
+        text, calls = split_tool_calls(text, req.tools) if req.tools else (text, [])
+        calls = message_tool_calls(req.id, calls, req.one_tool_call) if calls else []
+        status = "completed" if calls else responses.status(stop)
+        return JSONResponse(shape.response(status, shape.output(thought, text, calls),
                                            responses.usage(len(req.prompt_ids), len(handle.tokens),
                                                            stats.cached_prompt_tokens), stop, spec))
 
@@ -280,12 +285,14 @@ class Service:
         status, stop, spec, outcome = CLIENT_CLOSED, "cancelled", None, {}
         events = responses.Events(shape)
         thinking = ReasoningStream(req.thinking) if req.thinking is not None else None
+        calling = ToolCallStream(req.tools) if req.tools else None       # holds a tool call back until it is whole
         try:
             for event in events.start():
                 yield event
             try:
                 async for piece, _ in self._follow(handle, outcome):
                     thought, piece = thinking.feed(piece) if thinking else ("", piece)
+                    piece = calling.feed(piece) if calling else piece
                     for event in (events.reasoning(thought) if thought else []) + \
                             (events.message(piece) if piece else []):
                         await asyncio.sleep(0)             # the loop runs between events (see _sse)
@@ -300,13 +307,19 @@ class Service:
                                                                          "message": err.message}})
                 return
             thought, rest = thinking.finish() if thinking else ("", "")
-            tail = (events.reasoning(thought) if thought else []) + (events.message(rest) if rest else [])
+            rest = calling.feed(rest) if calling else rest
+            tail, calls = (events.reasoning(thought) if thought else []) + (events.message(rest) if rest else []), []
+            if calling:
+                rest, calls = calling.finish()
+                tail += events.message(rest) if rest else []
+                calls = message_tool_calls(req.id, calls, req.one_tool_call) if calls else []
             stop, stats = outcome["stop"], outcome["stats"]
             self._done(req, handle, stop, stats, started)
             spec = protocol.speculation(stats, req.speculation, stop)
-            for event in tail + events.finish():
+            for event in tail + events.finish(calls):
                 yield event
-            final = shape.response(responses.status(stop), shape.output(events.thought, events.text),
+            final = shape.response("completed" if calls else responses.status(stop),
+                                   shape.output(events.thought, events.text, calls),
                                    responses.usage(len(req.prompt_ids), len(handle.tokens), stats.cached_prompt_tokens),
                                    stop, spec)
             status = 200

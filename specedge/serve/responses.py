@@ -1,11 +1,12 @@
 """OpenAI's Responses API (POST /v1/responses) on top of the chat path: a request body becomes a chat request (the
 same checks, options and extensions), and the reply becomes a Response object, or its stream of typed events.
 
-Text in and out: `input` (a string, or messages whose content is text or input_text / output_text parts),
-`instructions`, `max_output_tokens`, `temperature`, `top_p`, `text.format` (text, json_object, json_schema),
-`stream`, `metadata`; a thinking template's reasoning comes as a reasoning item before the message. Nothing is
-stored, so `store` must be false or left out and `previous_response_id` is refused; tools, images and files are
-refused with a 400 that says to use /v1/chat/completions (tools) or that they are not supported.
+Text in and out: `input` (a string, or items: messages whose content is text or input_text / output_text parts,
+function_call and function_call_output items), `instructions`, `max_output_tokens`, `temperature`, `top_p`,
+`text.format` (text, json_object, json_schema), function `tools` with `tool_choice` and `parallel_tool_calls`,
+`stream`, `metadata`; a thinking template's reasoning comes as a reasoning item before the message, and the
+reply's tool calls as function_call items after it. Nothing is stored, so `store` must be false or left out and
+`previous_response_id` is refused; other tool types, images and files are refused with a 400.
 """
 
 from __future__ import annotations
@@ -24,15 +25,14 @@ _OWN = {"input", "instructions", "text", "store", "previous_response_id", "reaso
 # accepted at these values only (their defaults, which clients send anyway)
 _DEFAULT_ONLY = {"store": (None, False), "previous_response_id": (None,), "reasoning": (None, {}),
                  "truncation": (None, "disabled"), "include": (None, []), "background": (None, False),
-                 "max_tool_calls": (None,), "tools": (None, []), "tool_choice": (None, "auto", "none"),
-                 "top_logprobs": (None, 0), "conversation": (None,), "prompt": (None,)}
+                 "max_tool_calls": (None,), "top_logprobs": (None, 0), "conversation": (None,), "prompt": (None,)}
 _WHY = {"store": " (nothing is stored: send store false)", "previous_response_id": " (nothing is stored: send the "
-        "whole conversation as input)", "tools": " on /v1/responses (use /v1/chat/completions for tool calling)",
-        "tool_choice": " (no tools on /v1/responses)"}
+        "whole conversation as input)"}
 INCOMPLETE = ("max_new_tokens", "max_seq_len", "timeout")        # stop reasons of an incomplete response
 # chat-completions parameter names in errors -> the Responses request's
 _PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens",
            "response_format": "text.format"}
+_TOOL_KEYS = {"type", "name", "description", "parameters", "strict"}
 
 
 def chat_body(body) -> dict:
@@ -51,7 +51,36 @@ def chat_body(body) -> dict:
     response_format = _format(body.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format
+    if body.get("tools") not in (None, []):
+        chat["tools"] = _tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
     return chat
+
+
+def _tools(tools) -> list[dict]:
+    """Responses' flat function tools -> the chat API's ({"type": "function", "function": {...}})."""
+    if not isinstance(tools, list):
+        raise invalid("'tools' must be a list of function tools", "tools")
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+            raise unsupported(f"tools[{i}].type", kind, " (function tools only)")
+        unknown = sorted(set(tool) - _TOOL_KEYS)
+        if unknown:
+            raise unsupported(f"tools[{i}].{unknown[0]}", tool[unknown[0]])
+        out.append({"type": "function", "function": {key: tool[key] for key in _TOOL_KEYS - {"type"} if key in tool}})
+    return out
+
+
+def _tool_choice(choice):
+    if choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise invalid("'tool_choice' must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}",
+                  "tool_choice")
 
 
 def renamed(err: APIError) -> APIError:
@@ -70,20 +99,59 @@ def _instructions(instructions) -> list[dict]:
 
 
 def _messages(items) -> list[dict]:
+    """`input` -> chat messages: a function_call item joins the assistant turn before it (or starts one), as the
+    chat API carries calls; a function_call_output is a tool message."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
         raise invalid("'input' must be a string or a non-empty list of messages", "input")
-    return [_message(item, i) for i, item in enumerate(items)]
+    messages: list[dict] = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise invalid(f"{where} must be an object", where)
+        kind = item.get("type", "message")
+        if kind == "function_call":
+            call = _function_call(item, where)
+            if messages and messages[-1]["role"] == "assistant":         # the same turn's text or calls
+                messages[-1].setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            messages.append(_call_output(item, where))
+        elif kind in ("message", None):
+            messages.append(_message(item, where))
+        else:
+            raise unsupported(f"{where}.type", kind, " (messages, function_call and function_call_output items)")
+    return messages
 
 
-def _message(item, i: int) -> dict:
-    where = f"input[{i}]"
-    if not isinstance(item, dict):
-        raise invalid(f"{where} must be an object", where)
-    kind = item.get("type", "message")
-    if kind != "message":
-        raise unsupported(f"{where}.type", kind, " (messages only: tool calls run on /v1/chat/completions)")
+def _function_call(item: dict, where: str) -> dict:
+    unknown = sorted(set(item) - {"type", "call_id", "name", "arguments", "id", "status"})
+    if unknown:
+        raise unsupported(f"{where}.{unknown[0]}", item[unknown[0]])
+    for key in ("call_id", "name", "arguments"):
+        if not isinstance(item.get(key), str):
+            raise invalid(f"{where}.{key} must be a string", f"{where}.{key}")
+    return {"id": item["call_id"], "type": "function", "function": {"name": item["name"],
+                                                                    "arguments": item["arguments"]}}
+
+
+def _call_output(item: dict, where: str) -> dict:
+    unknown = sorted(set(item) - {"type", "call_id", "output", "id", "status"})
+    if unknown:
+        raise unsupported(f"{where}.{unknown[0]}", item[unknown[0]])
+    if not isinstance(item.get("call_id"), str):
+        raise invalid(f"{where}.call_id must be a string", f"{where}.call_id")
+    output = item.get("output")
+    if isinstance(output, list):                 # text parts
+        output = _message({"role": "user", "content": output}, where)["content"]
+    elif not isinstance(output, str):
+        raise invalid(f"{where}.output must be a string or text parts", f"{where}.output")
+    return {"role": "tool", "tool_call_id": item["call_id"], "content": output}
+
+
+def _message(item, where: str) -> dict:
     role, content = item.get("role"), item.get("content")
     if role not in ("user", "assistant", "system", "developer"):
         raise unsupported(f"{where}.role", role, " (roles: user, assistant, system, developer)")
@@ -143,7 +211,8 @@ class Shape:
                "error": None, "incomplete_details": incomplete, "model": self.req.model, "output": output,
                "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
                "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
-               "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "store": False,
+               "parallel_tool_calls": body.get("parallel_tool_calls", True), "tool_choice": body.get("tool_choice") or
+               "auto", "tools": body.get("tools") or [], "store": False,
                "text": body.get("text") or {"format": {"type": "text"}}, "truncation": "disabled",
                "metadata": body.get("metadata") or {}, "usage": usage}
         if spec is not None:
@@ -158,9 +227,17 @@ class Shape:
         content = [] if text is None else [{"type": "output_text", "text": text, "annotations": []}]
         return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": content}
 
-    def output(self, thought: str | None, text: str) -> list[dict]:
-        """A finished reply's output items: its reasoning (where it thought), then its message."""
-        return ([self.reasoning_item(thought)] if thought else []) + [self.message_item(text)]
+    def call_item(self, index: int, call: dict, status: str = "completed") -> dict:
+        """call: one of the chat API's tool_calls (serve/tools.py's message_tool_calls)."""
+        return {"type": "function_call", "id": f"fc_{self.req.id}_{index}", "call_id": call["id"],
+                "name": call["function"]["name"], "arguments": call["function"]["arguments"], "status": status}
+
+    def output(self, thought: str | None, text: str, calls: list[dict] = ()) -> list[dict]:
+        """A finished reply's output items: its reasoning (where it thought), its message (where it wrote text, or
+        called nothing), then its function calls."""
+        message = [self.message_item(text)] if text or not calls else []
+        return ([self.reasoning_item(thought)] if thought else []) + message + \
+            [self.call_item(i, call) for i, call in enumerate(calls)]
 
     def event(self, kind: str, **fields) -> str:
         """One SSE event: its type named in the event line and in the data, with a sequence number."""
@@ -196,10 +273,23 @@ class Events:
         return out + [self.shape.event("response.output_text.delta", item_id=self.shape.message_id,
                                        output_index=self.items - 1, content_index=0, delta=delta, logprobs=[])]
 
-    def finish(self) -> list[str]:
-        """The done events of what is open; a reply with no answer text still gets its (empty) message."""
-        out = [] if self.open == "message" else self._open("message")
-        return out + self._close()
+    def finish(self, calls: list[dict] = ()) -> list[str]:
+        """The done events of what is open, then each function call's (added, its arguments at once, done); a reply
+        with neither answer text nor calls still gets its (empty) message."""
+        out = [] if self.open == "message" or self.text or calls else self._open("message")
+        out += self._close()
+        shape = self.shape
+        for i, call in enumerate(calls):
+            index, item = self.items, shape.call_item(i, call)
+            self.items += 1
+            out += [shape.event("response.output_item.added", output_index=index,
+                                item={**item, "arguments": "", "status": "in_progress"}),
+                    shape.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                                delta=item["arguments"]),
+                    shape.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                arguments=item["arguments"]),
+                    shape.event("response.output_item.done", output_index=index, item=item)]
+        return out
 
     def _open(self, kind: str) -> list[str]:
         out = self._close()

@@ -24,6 +24,37 @@ def server(workdir):
         yield srv, gen
 
 
+def _validated(raw: dict):
+    """A response as the official client's own model reads it strictly (every required field, every literal)."""
+    from openai.types.responses import Response
+
+    return Response.model_validate(raw)
+
+
+def _validated_events(lines) -> list:
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    adapter = TypeAdapter(ResponseStreamEvent)
+    return [adapter.validate_python(event) for event in sse_events(lines)]
+
+
+def test_responses_and_events_validate_against_the_official_models(server):
+    srv, gen = server
+    body = {"model": MODEL, "input": "write a loop", "max_output_tokens": 8, "temperature": 0,
+            "parallel_tool_calls": None, "reasoning": {"effort": None}, "stream_options": None}
+    raw = httpx.post(srv.url + "/responses", json=body, timeout=30).json()
+    response = _validated(raw)
+    assert response.status == "incomplete" and response.output[0].status == "incomplete"
+    assert response.usage.input_tokens_details.cached_tokens >= 0 and response.parallel_tool_calls is True
+    with httpx.stream("POST", srv.url + "/responses", timeout=30,
+                      json={**body, "stream": True, "stream_options": {"include_obfuscation": True}}) as r:
+        events = _validated_events(r.iter_lines())
+    assert events[-1].type == "response.incomplete" and events[-1].response.output_text == response.output_text
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [item.status for item in done] == ["incomplete"]
+
+
 def test_a_response_is_the_chat_completion_s_reply(server):
     srv, gen = server
     chat = client(srv).chat.completions.create(model=MODEL, messages=ASK, max_tokens=24, temperature=0,
@@ -95,6 +126,12 @@ def test_thinking_comes_as_a_reasoning_item(workdir):
         added = [(e.output_index, e.item.type) for e in events if e.type == "response.output_item.added"]
         assert added == [(0, "reasoning"), (1, "message")]
         assert [item.type for item in events[-1].response.output] == ["reasoning", "message"]
+        assert 0 < whole.usage.output_tokens_details.reasoning_tokens < whole.usage.output_tokens
+        # the next turn as the Agents SDK sends it: the reply's items (reasoning among them, nulls kept) back as input
+        again = client(srv).responses.create(model=MODEL, max_output_tokens=8, temperature=0, input=[
+            {"role": "user", "content": "2 + 2?", "phase": None},
+            *[item.model_dump() for item in whole.output], {"role": "user", "content": "and 3 + 3?"}])
+        assert again.status in ("completed", "incomplete")
 
 
 @pytest.mark.parametrize("body,status,param", [
@@ -103,7 +140,10 @@ def test_thinking_comes_as_a_reasoning_item(workdir):
     ({"input": "x", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
     ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {}}]}, 400, "tools"),  # no format
     ({"input": "x", "tool_choice": "required"}, 400, "tool_choice"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, 400, "input[0].type"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, 400, "input[0].type"),
+    ({"input": [{"role": "user", "content": "x", "audio": "y"}]}, 400, "input[0].audio"),
+    ({"input": "x", "logprobs": True}, 400, "logprobs"),
+    ({"input": "x", "stream": True, "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, 400, "input[0].arguments"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
      "input[0].content[0]"),
@@ -143,6 +183,9 @@ def test_function_tools_calls_and_their_results(tool_bundle):  # noqa: F811
         assert [item.type for item in done] == ["message", "function_call"] and done[1].arguments == call.arguments
         assert [e.arguments for e in events if e.type == "response.function_call_arguments.done"] == [call.arguments]
         assert [item.type for item in events[-1].response.output] == ["message", "function_call"]
+        with httpx.stream("POST", srv.url + "/responses", json={**kwargs, "stream": True}, timeout=30) as r:
+            strict = _validated_events(r.iter_lines())
+        assert [e.type for e in strict] == [e.type for e in events] and strict[-1].response.status == "completed"
 
         # the next turn: the reply's items and the call's output as input, as the chat API's messages
         follow = [*asked, {"role": "assistant", "content": "Let me look.\n",
@@ -170,3 +213,5 @@ def test_a_streamed_response_that_fails_ends_with_an_error_event(workdir):
         assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
         assert events[-2]["type"] == "error" and events[-2]["code"] == "generation_failed"
         assert events[-1]["type"] == "response.failed" and events[-1]["response"]["status"] == "failed"
+        from openai.types.responses import ResponseFailedEvent
+        assert ResponseFailedEvent.model_validate(events[-1]).response.error.code == "server_error"

@@ -276,9 +276,15 @@ class Service:
         text, calls = split_tool_calls(text, req.tools) if req.tools else (text, [])
         calls = message_tool_calls(req.id, calls, req.one_tool_call) if calls else []
         status = "completed" if calls else responses.status(stop)
-        return JSONResponse(shape.response(status, shape.output(thought, text, calls),
-                                           responses.usage(len(req.prompt_ids), len(handle.tokens),
-                                                           stats.cached_prompt_tokens), stop, spec))
+        return JSONResponse(shape.response(status, shape.output(thought, text, calls, status),
+                                           self._response_usage(req, handle, stats, thought), stop, spec))
+
+    def _response_usage(self, req, handle, stats, thought: str | None) -> dict:
+        """The Responses usage; its reasoning tokens are the thinking's text tokenized again (the reply's own
+        tokens are not told apart)."""
+        thinking = len(self.gen.tokenizer.encode(thought, add_special_tokens=False).ids) if thought else 0
+        return responses.usage(len(req.prompt_ids), len(handle.tokens), stats.cached_prompt_tokens,
+                               min(thinking, len(handle.tokens)))
 
     async def _response_events(self, request: Request, req, handle, shape, started: float):
         self._unstarted.discard(handle)
@@ -303,7 +309,7 @@ class Service:
                 self.metrics.request_error(err.status)
                 yield shape.event("error", code=err.code or err.type, message=err.message, param=err.param)
                 yield shape.event("response.failed", response={**shape.response("failed", []),
-                                                               "error": {"code": err.code or err.type,
+                                                               "error": {"code": responses.failed_code(err.status),
                                                                          "message": err.message}})
                 return
             thought, rest = thinking.finish() if thinking else ("", "")
@@ -316,12 +322,11 @@ class Service:
             stop, stats = outcome["stop"], outcome["stats"]
             self._done(req, handle, stop, stats, started)
             spec = protocol.speculation(stats, req.speculation, stop)
-            for event in tail + events.finish(calls):
+            finished = "completed" if calls else responses.status(stop)
+            for event in tail + events.finish(calls, finished):
                 yield event
-            final = shape.response("completed" if calls else responses.status(stop),
-                                   shape.output(events.thought, events.text, calls),
-                                   responses.usage(len(req.prompt_ids), len(handle.tokens), stats.cached_prompt_tokens),
-                                   stop, spec)
+            final = shape.response(finished, shape.output(events.thought, events.text, calls, finished),
+                                   self._response_usage(req, handle, stats, events.thought), stop, spec)
             status = 200
             yield shape.event(f"response.{final['status']}", response=final)
         finally:

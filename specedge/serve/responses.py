@@ -21,11 +21,13 @@ from specedge.serve.errors import APIError, invalid, unsupported
 # refuse what neither API knows)
 _RENAMED = {"max_output_tokens": "max_completion_tokens"}
 _OWN = {"input", "instructions", "text", "store", "previous_response_id", "reasoning", "truncation", "include",
-        "background", "max_tool_calls", "tools", "tool_choice", "top_logprobs", "conversation", "prompt"}
+        "background", "max_tool_calls", "tools", "tool_choice", "top_logprobs", "conversation", "prompt",
+        "stream_options", "prompt_cache_retention"}
 # accepted at these values only (their defaults, which clients send anyway)
 _DEFAULT_ONLY = {"store": (None, False), "previous_response_id": (None,), "reasoning": (None, {}),
                  "truncation": (None, "disabled"), "include": (None, []), "background": (None, False),
-                 "max_tool_calls": (None,), "top_logprobs": (None, 0), "conversation": (None,), "prompt": (None,)}
+                 "max_tool_calls": (None,), "top_logprobs": (None, 0), "conversation": (None,), "prompt": (None,),
+                 "prompt_cache_retention": (None,)}
 _WHY = {"store": " (nothing is stored: send store false)", "previous_response_id": " (nothing is stored: send the "
         "whole conversation as input)"}
 INCOMPLETE = ("max_new_tokens", "max_seq_len", "timeout")        # stop reasons of an incomplete response
@@ -40,11 +42,15 @@ def chat_body(body) -> dict:
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     for name, accepted in _DEFAULT_ONLY.items():
-        if name in body and body[name] not in accepted:
-            raise unsupported(name, body[name], _WHY.get(name, ""))
-    for name in ("max_tokens", "max_completion_tokens", "messages", "response_format", "n"):
+        value = body.get(name)
+        if name == "reasoning" and isinstance(value, dict) and not any(v is not None for v in value.values()):
+            continue                                 # {"effort": null, ...}: the defaults
+        if name in body and value not in accepted:
+            raise unsupported(name, value, _WHY.get(name, ""))
+    for name in ("max_tokens", "max_completion_tokens", "messages", "response_format", "n", "logprobs"):
         if name in body:                             # the chat API's names: a Responses body has its own
             raise APIError(400, f"Unrecognized request argument supplied: {name}", name, "unrecognized_argument")
+    _stream_options(body.get("stream_options"))
     chat = {_RENAMED.get(key, key): value for key, value in body.items() if key not in _OWN}
     messages = _instructions(body.get("instructions")) + _messages(body.get("input"))
     chat["messages"] = messages
@@ -58,6 +64,23 @@ def chat_body(body) -> dict:
     return chat
 
 
+def _stream_options(options) -> None:
+    """Responses' stream_options: only include_obfuscation, which pads deltas against length side channels on
+    the wire; nothing here leaves the machine, so either value reads the same stream."""
+    if options is None:
+        return
+    if not isinstance(options, dict) or set(options) - {"include_obfuscation"} or \
+            options.get("include_obfuscation") not in (None, True, False):
+        raise invalid("'stream_options' takes 'include_obfuscation' (true or false)", "stream_options")
+
+
+def _known(item: dict, keys: set, where: str) -> None:
+    """A 400 for a field the item should not have; fields a client sends as null are its defaults."""
+    unknown = sorted(key for key in set(item) - keys if item[key] is not None)
+    if unknown:
+        raise unsupported(f"{where}.{unknown[0]}", item[unknown[0]])
+
+
 def _tools(tools) -> list[dict]:
     """Responses' flat function tools -> the chat API's ({"type": "function", "function": {...}})."""
     if not isinstance(tools, list):
@@ -67,10 +90,9 @@ def _tools(tools) -> list[dict]:
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
             raise unsupported(f"tools[{i}].type", kind, " (function tools only)")
-        unknown = sorted(set(tool) - _TOOL_KEYS)
-        if unknown:
-            raise unsupported(f"tools[{i}].{unknown[0]}", tool[unknown[0]])
-        out.append({"type": "function", "function": {key: tool[key] for key in _TOOL_KEYS - {"type"} if key in tool}})
+        _known(tool, _TOOL_KEYS, f"tools[{i}]")
+        out.append({"type": "function", "function": {key: tool[key] for key in _TOOL_KEYS - {"type"}
+                                                      if tool.get(key) is not None}})
     return out
 
 
@@ -100,7 +122,8 @@ def _instructions(instructions) -> list[dict]:
 
 def _messages(items) -> list[dict]:
     """`input` -> chat messages: a function_call item joins the assistant turn before it (or starts one), as the
-    chat API carries calls; a function_call_output is a tool message."""
+    chat API carries calls; a function_call_output is a tool message; a reasoning item (a reply's thinking sent
+    back, as the Agents SDK and Codex send a whole reply) is dropped, as templates drop earlier turns' thinking."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
@@ -119,17 +142,18 @@ def _messages(items) -> list[dict]:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             messages.append(_call_output(item, where))
+        elif kind == "reasoning":
+            continue
         elif kind in ("message", None):
             messages.append(_message(item, where))
         else:
-            raise unsupported(f"{where}.type", kind, " (messages, function_call and function_call_output items)")
+            raise unsupported(f"{where}.type", kind, " (message, function_call, function_call_output and "
+                                                     "reasoning items)")
     return messages
 
 
 def _function_call(item: dict, where: str) -> dict:
-    unknown = sorted(set(item) - {"type", "call_id", "name", "arguments", "id", "status"})
-    if unknown:
-        raise unsupported(f"{where}.{unknown[0]}", item[unknown[0]])
+    _known(item, {"type", "call_id", "name", "arguments", "id", "status"}, where)
     for key in ("call_id", "name", "arguments"):
         if not isinstance(item.get(key), str):
             raise invalid(f"{where}.{key} must be a string", f"{where}.{key}")
@@ -138,9 +162,7 @@ def _function_call(item: dict, where: str) -> dict:
 
 
 def _call_output(item: dict, where: str) -> dict:
-    unknown = sorted(set(item) - {"type", "call_id", "output", "id", "status"})
-    if unknown:
-        raise unsupported(f"{where}.{unknown[0]}", item[unknown[0]])
+    _known(item, {"type", "call_id", "output", "id", "status"}, where)
     if not isinstance(item.get("call_id"), str):
         raise invalid(f"{where}.call_id must be a string", f"{where}.call_id")
     output = item.get("output")
@@ -155,9 +177,7 @@ def _message(item, where: str) -> dict:
     role, content = item.get("role"), item.get("content")
     if role not in ("user", "assistant", "system", "developer"):
         raise unsupported(f"{where}.role", role, " (roles: user, assistant, system, developer)")
-    unknown = sorted(set(item) - {"type", "role", "content", "id", "status"})
-    if unknown:
-        raise unsupported(f"{where}.{unknown[0]}", item[unknown[0]])
+    _known(item, {"type", "role", "content", "id", "status", "phase"}, where)   # phase: informational
     if isinstance(content, str):
         return {"role": role, "content": content}
     if not isinstance(content, list):
@@ -206,12 +226,12 @@ class Shape:
     def response(self, status: str, output: list[dict], usage: dict | None = None, stop: str | None = None,
                  spec: dict | None = None) -> dict:
         body = self.body
-        incomplete = {"reason": "max_output_tokens"} if stop in INCOMPLETE else None
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         out = {"id": self.id, "object": "response", "created_at": self.created, "status": status,
                "error": None, "incomplete_details": incomplete, "model": self.req.model, "output": output,
                "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
                "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
-               "parallel_tool_calls": body.get("parallel_tool_calls", True), "tool_choice": body.get("tool_choice") or
+               "parallel_tool_calls": body.get("parallel_tool_calls") is not False, "tool_choice": body.get("tool_choice") or
                "auto", "tools": body.get("tools") or [], "store": False,
                "text": body.get("text") or {"format": {"type": "text"}}, "truncation": "disabled",
                "metadata": body.get("metadata") or {}, "usage": usage}
@@ -232,10 +252,10 @@ class Shape:
         return {"type": "function_call", "id": f"fc_{self.req.id}_{index}", "call_id": call["id"],
                 "name": call["function"]["name"], "arguments": call["function"]["arguments"], "status": status}
 
-    def output(self, thought: str | None, text: str, calls: list[dict] = ()) -> list[dict]:
+    def output(self, thought: str | None, text: str, calls: list[dict] = (), status: str = "completed") -> list[dict]:
         """A finished reply's output items: its reasoning (where it thought), its message (where it wrote text, or
-        called nothing), then its function calls."""
-        message = [self.message_item(text)] if text or not calls else []
+        called nothing; "incomplete" where the reply was cut off), then its function calls."""
+        message = [self.message_item(text, status)] if text or not calls else []
         return ([self.reasoning_item(thought)] if thought else []) + message + \
             [self.call_item(i, call) for i, call in enumerate(calls)]
 
@@ -273,11 +293,11 @@ class Events:
         return out + [self.shape.event("response.output_text.delta", item_id=self.shape.message_id,
                                        output_index=self.items - 1, content_index=0, delta=delta, logprobs=[])]
 
-    def finish(self, calls: list[dict] = ()) -> list[str]:
+    def finish(self, calls: list[dict] = (), status: str = "completed") -> list[str]:
         """The done events of what is open, then each function call's (added, its arguments at once, done); a reply
-        with neither answer text nor calls still gets its (empty) message."""
+        with neither answer text nor calls still gets its (empty) message. status: the message item's."""
         out = [] if self.open == "message" or self.text or calls else self._open("message")
-        out += self._close()
+        out += self._close(status)
         shape = self.shape
         for i, call in enumerate(calls):
             index, item = self.items, shape.call_item(i, call)
@@ -303,7 +323,7 @@ class Events:
                       shape.event("response.content_part.added", item_id=shape.message_id, output_index=index,
                                   content_index=0, part={"type": "output_text", "text": "", "annotations": []})]
 
-    def _close(self) -> list[str]:
+    def _close(self, status: str = "completed") -> list[str]:
         shape, index, kind, self.open = self.shape, self.items - 1, self.open, None
         if kind == "reasoning":
             return [shape.event("response.reasoning_text.done", item_id=shape.reasoning_id, output_index=index,
@@ -316,14 +336,22 @@ class Events:
                                 content_index=0, text=self.text, logprobs=[]),
                     shape.event("response.content_part.done", item_id=shape.message_id, output_index=index,
                                 content_index=0, part=part),
-                    shape.event("response.output_item.done", output_index=index, item=shape.message_item(self.text))]
+                    shape.event("response.output_item.done", output_index=index,
+                                item=shape.message_item(self.text, status))]
         return []
 
 
-def usage(prompt_tokens: int, output_tokens: int, cached: int) -> dict:
-    return {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+def usage(prompt_tokens: int, output_tokens: int, cached: int, reasoning_tokens: int = 0) -> dict:
+    """reasoning_tokens: of the output, those of its thinking."""
+    return {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": prompt_tokens + output_tokens}
+
+
+def failed_code(status: int) -> str:
+    """The code of a failed response's error, one of those OpenAI's ResponseError allows (the error event before
+    it carries this server's own code)."""
+    return "rate_limit_exceeded" if status == 429 else "server_error"
 
 
 def status(stop: str) -> str:

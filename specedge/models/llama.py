@@ -1,9 +1,8 @@
 """Llama-family decoders (Llama, Mistral, Qwen2, Qwen3, Phi-3, Granite, OLMo 2 and 3, SmolLM3, EXAONE 4, HunYuan):
 RMSNorm, RoPE, GQA, SwiGLU, optional q/k/v biases, optional per-head q/k norms (Qwen3, EXAONE 4; HunYuan after RoPE,
-with a fixed NTK alpha); Phi-3's fused q/k/v and
-gate/up weights, LongRoPE and partial rotary dims; Granite's multipliers; norms after attention and MLP (OLMo, EXAONE
-4), OLMo's over whole q and k, OLMo 3's sliding layers with their own rope; layers without RoPE (SmolLM3, EXAONE 4's
-full-attention layers)."""
+with a fixed NTK alpha); Phi-3's fused q/k/v and gate/up weights, LongRoPE and partial rotary dims; Granite's
+multipliers; norms after attention and MLP (OLMo, EXAONE 4), OLMo's over whole q and k, OLMo 3's sliding layers with
+their own rope; layers without RoPE (SmolLM3, EXAONE 4's full-attention layers)."""
 
 from __future__ import annotations
 
@@ -67,8 +66,9 @@ def _granite_scales(cfg: dict) -> dict:
 
 def _sliding(cfg: dict, architecture: str) -> tuple[int, list[int]]:
     """(window, the layers it applies to) where transformers applies one: Mistral and Phi-3 every layer; Qwen2,
-    Qwen3, OLMo 3, SmolLM3 and EXAONE 4 the layers its layer_types say (Qwen: from max_window_layers on, with use_sliding_window);
-    (0, []) for none. Llama never does, whatever a converted config.json leaves in `sliding_window`."""
+    Qwen3, OLMo 3, SmolLM3 and EXAONE 4 the layers its layer_types say (Qwen: from max_window_layers on, with
+    use_sliding_window); (0, []) for none. Llama never does, whatever a converted config.json leaves in
+    `sliding_window`."""
     window, types = cfg.get("sliding_window"), cfg.get("layer_types")
     if architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):
         sliding = list(range(cfg["num_hidden_layers"]))

@@ -21,7 +21,8 @@ def spec_from_config(cfg: dict, architecture: str) -> ModelSpec:
     return ModelSpec(
         architecture=architecture, family="starcoder2", vocab_rows=cfg["vocab_size"], hidden_size=hidden,
         num_layers=layers, num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=cfg.get("head_dim") or hidden // heads, intermediate_size=cfg["intermediate_size"], norm_eps=float(cfg["norm_epsilon"]),
+        head_dim=cfg.get("head_dim") or hidden // heads, intermediate_size=cfg["intermediate_size"],
+        norm_eps=float(cfg["norm_epsilon"]),
         max_position_embeddings=cfg.get("max_position_embeddings", 4096),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)), qkv_bias=bias, o_bias=bias, mlp_bias=bias,
         activation=act, rope=rope_from_config(cfg), sliding_window=window,

@@ -37,4 +37,5 @@ def load(bundle, backend: str = "cpu", threads: int | None = None, target_rows: 
                      cuda_graphs=cuda_graphs, backend_options=backend_options, prompt_cache=prompt_cache)
 
 
-__all__ = ["load", "Generator", "GenerationOptions", "GenerationResult", "GenerationStats", "Stream", "AsyncStream", "QueueFull"]
+__all__ = ["load", "Generator", "GenerationOptions", "GenerationResult", "GenerationStats", "Stream", "AsyncStream",
+           "QueueFull"]

@@ -231,8 +231,8 @@ class Shape:
                "error": None, "incomplete_details": incomplete, "model": self.req.model, "output": output,
                "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
                "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
-               "parallel_tool_calls": body.get("parallel_tool_calls") is not False, "tool_choice": body.get("tool_choice") or
-               "auto", "tools": body.get("tools") or [], "store": False,
+               "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
+               "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [], "store": False,
                "text": body.get("text") or {"format": {"type": "text"}}, "truncation": "disabled",
                "metadata": body.get("metadata") or {}, "usage": usage}
         if spec is not None:

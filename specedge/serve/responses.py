@@ -2,7 +2,7 @@
 same checks, options and extensions), and the reply becomes a Response object, or its stream of typed events.
 
 Text in and out: `input` (a string, or items: messages whose content is text or input_text / output_text parts,
-function_call and function_call_output items), `instructions`, `max_output_tokens`, `temperature`, `top_p`,
+function_call and function_call_output items, reasoning items, dropped), `instructions`, `max_output_tokens`, `temperature`, `top_p`,
 `text.format` (text, json_object, json_schema), function `tools` with `tool_choice` and `parallel_tool_calls`,
 `stream`, `metadata`; a thinking template's reasoning comes as a reasoning item before the message, and the
 reply's tool calls as function_call items after it. Nothing is stored, so `store` must be false or left out and

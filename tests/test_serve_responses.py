@@ -215,3 +215,30 @@ def test_a_streamed_response_that_fails_ends_with_an_error_event(workdir):
         assert events[-1]["type"] == "response.failed" and events[-1]["response"]["status"] == "failed"
         from openai.types.responses import ResponseFailedEvent
         assert ResponseFailedEvent.model_validate(events[-1]).response.error.code == "server_error"
+
+
+def test_concurrent_streamed_responses_equal_their_solo_replies(server):
+    """Eight streamed responses at once (the official async client) share the batch and each gets its solo reply."""
+    import asyncio
+
+    srv, gen = server
+    prompts = ["write a loop", "def f(x):", "class A:", "import os"]
+    kwargs = dict(model=MODEL, max_output_tokens=20, temperature=0, extra_body={"ignore_eos": True})
+    solo = {p: client(srv).responses.create(input=p, **kwargs).output_text for p in prompts}
+
+    async def main():
+        async_client = openai.AsyncOpenAI(base_url=srv.url, api_key="-", max_retries=0)
+
+        async def one(prompt):
+            text = ""
+            async for event in await async_client.responses.create(input=prompt, stream=True, **kwargs):
+                if event.type == "response.output_text.delta":
+                    text += event.delta
+            return prompt, text
+
+        return await asyncio.gather(*(one(prompts[i % 4]) for i in range(8)))
+
+    results = asyncio.run(asyncio.wait_for(main(), 90))
+    assert all(text == solo[prompt] for prompt, text in results)
+    assert max(e.batch for e in list(gen.events)[-40:]) >= 2
+    assert wait_idle(srv)["running"] == 0

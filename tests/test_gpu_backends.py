@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 
 import tiny_models as tm
-from conftest import TARGET_ROWS, _export, together
+from conftest import ARCHS, TARGET_ROWS, _export, together
 from specedge.cli import main
 from specedge.errors import OptionError
 from specedge.runtime import load
@@ -35,20 +35,35 @@ def test_standard_graphs_hold_no_node_the_cuda_provider_would_run_on_the_cpu(gpu
     a Concat of Shape(logit_rows) (its inputs CPU tensors) and a Tile of booleans (no CUDA kernel for bool).
     Neither may come back: no Shape or Size node, no Tile of booleans, and the logits come straight from a MatMul
     on the transposed head."""
-    import onnx
-
     for role in ("target", "draft"):
-        model = onnx.shape_inference.infer_shapes(onnx.load(str(gpu_bundles[dtype] / f"{role}.onnx")))
-        types = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.value_info, *model.graph.input)}
-        ops = [n.op_type for n in model.graph.node]
-        assert "Shape" not in ops and "Size" not in ops
-        tiled = [types.get(n.input[0]) for n in model.graph.node if n.op_type == "Tile"]
-        assert tiled and onnx.TensorProto.BOOL not in tiled
+        model = _cuda_graph_ready(gpu_bundles[dtype] / f"{role}.onnx")
         producer = {out: n for n in model.graph.node for out in n.output}
         logits = producer["logits"]
         if logits.op_type == "Cast":                       # half precision: float32 logits by a cast
             logits = producer[logits.input[0]]
         assert logits.op_type == "MatMul"
+
+
+def _cuda_graph_ready(path):
+    """Asserts a standard graph holds no Shape or Size node and no Tile of booleans (see above) -> the model."""
+    import onnx
+
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
+    types = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.value_info, *model.graph.input)}
+    ops = [n.op_type for n in model.graph.node]
+    assert "Shape" not in ops and "Size" not in ops
+    tiled = [types.get(n.input[0]) for n in model.graph.node if n.op_type == "Tile"]
+    assert tiled and onnx.TensorProto.BOOL not in tiled
+    return model
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_architecture_s_standard_graph_is_as_cuda_graph_ready(workdir, arch):
+    """Partial rotary dims, LayerNorms, norms after RoPE, scaled logits...: no architecture brings back a node that
+    would keep the cuda backend from capturing its decode calls."""
+    bundle = _export(workdir, f"cuda-ready-{arch}", tm.make_model(arch, TARGET_ROWS, seed=1), None,
+                     tm.byte_tokenizer(), attention="standard", max_seq_len=64, max_draft=4)
+    _cuda_graph_ready(bundle / "target.onnx")
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])

@@ -44,7 +44,7 @@ def test_astream_pieces_and_agenerate_equal_generate(good_bundle):
 
 def test_concurrent_requests_share_a_batch_and_equal_their_solo_runs(standard_bundles):
     gen = load(standard_bundles["qwen2"], max_batch=4)
-    options = [dict(max_new_tokens=n, ignore_eos=True, k=k) for n, k in ((20, 4), (33, 2), (27, 8))]
+    options = [dict(max_new_tokens=n, ignore_eos=True, k=k, on_token=slowly) for n, k in ((20, 4), (33, 2), (27, 8))]
     solo = [gen.generate(p, **o).tokens for p, o in zip(PROMPTS, options)]
 
     async def main():

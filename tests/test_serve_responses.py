@@ -98,6 +98,29 @@ def test_a_streamed_response_sends_the_typed_events_in_order(server):
     assert final.model_extra["speculation"]["drafted_tokens"] > 0
 
 
+def test_logprobs_are_the_chat_completion_s_whole_and_streamed(server):
+    srv, gen = server
+    chat = client(srv).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "write a loop"}],
+                                               max_tokens=12, temperature=0, logprobs=True, top_logprobs=2,
+                                               extra_body={"ignore_eos": True})
+    expected = [entry.model_dump() for entry in chat.choices[0].logprobs.content]
+    body = {"model": MODEL, "input": "write a loop", "max_output_tokens": 12, "temperature": 0, "top_logprobs": 2,
+            "ignore_eos": True, "include": ["message.output_text.logprobs"]}
+    raw = httpx.post(srv.url + "/responses", timeout=30, json=body).json()
+    response = _validated(raw)
+    got = [entry.model_dump() for entry in response.output[0].content[0].logprobs]
+    assert len(got) == 12 and all(len(entry["top_logprobs"]) == 2 for entry in got)
+    assert got == expected
+    with httpx.stream("POST", srv.url + "/responses", timeout=30, json={**body, "stream": True}) as r:
+        events = _validated_events(r.iter_lines())
+    deltas = [entry.model_dump() for e in events if e.type == "response.output_text.delta" for entry in e.logprobs]
+    done = [e for e in events if e.type == "response.output_text.done"][0]
+    assert [d["token"] for d in deltas] == [g["token"] for g in got] == [entry.token for entry in done.logprobs]
+    assert [d["logprob"] for d in deltas] == [g["logprob"] for g in got]
+    final = events[-1].response.output[0].content[0].logprobs
+    assert [entry.model_dump() for entry in final] == got
+
+
 def test_json_output_follows_the_schema(server):
     srv, gen = server
     pytest.importorskip("llguidance")
@@ -143,6 +166,9 @@ def test_thinking_comes_as_a_reasoning_item(workdir):
     ({"input": [{"type": "item_reference", "id": "x"}]}, 400, "input[0].type"),
     ({"input": [{"role": "user", "content": "x", "audio": "y"}]}, 400, "input[0].audio"),
     ({"input": "x", "logprobs": True}, 400, "logprobs"),
+    ({"input": "x", "include": ["reasoning.encrypted_content"]}, 400, "include"),
+    ({"input": "x", "top_logprobs": 2}, 400, "top_logprobs"),
+    ({"input": "x", "include": ["message.output_text.logprobs"], "top_logprobs": 21}, 400, "top_logprobs"),
     ({"input": "x", "stream": True, "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, 400, "input[0].arguments"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
@@ -199,6 +225,9 @@ def test_function_tools_calls_and_their_results(tool_bundle):  # noqa: F811
         again = client(srv).responses.create(model=MODEL, input=items, tools=flat, max_output_tokens=40,
                                              temperature=0)
         assert again.output_text == "It is sunny." and [item.type for item in again.output] == ["message"]
+        refused = httpx.post(srv.url + "/responses", timeout=30, json={
+            "model": MODEL, "input": "x", "tools": flat, "include": ["message.output_text.logprobs"]})
+        assert_openai_error(refused, 400, "include")
 
 
 def test_a_streamed_response_that_fails_ends_with_an_error_event(workdir):

@@ -257,6 +257,10 @@ class Service:
             req = protocol.parse(responses.chat_body(body), "chat", self.gen, self.limits)
         except APIError as err:
             raise responses.renamed(err) from None
+        if req.options.get("logprobs") is not None and (req.tools or req.thinking is not None):
+            # the scores cover every token, and which of them a reasoning or call item's text took is not kept
+            raise invalid(f"'{responses.LOGPROBS}' is served for replies without tools or a thinking template",
+                          "include")
         shape = responses.Shape(body, req)
         handles = self._open(req)
         if req.stream:
@@ -276,8 +280,13 @@ class Service:
         text, calls = split_tool_calls(text, req.tools) if req.tools else (text, [])
         calls = message_tool_calls(req.id, calls, req.one_tool_call) if calls else []
         status = "completed" if calls else responses.status(stop)
-        return JSONResponse(shape.response(status, shape.output(thought, text, calls, status),
+        scores = self._response_logprobs(req, handle.logprobs)
+        return JSONResponse(shape.response(status, shape.output(thought, text, calls, status, scores),
                                            self._response_usage(req, handle, stats, thought), stop, spec))
+
+    def _response_logprobs(self, req, entries: list) -> list | None:
+        """The Responses API's logprobs of these tokens (chat's entries); None where they were not asked for."""
+        return None if req.options.get("logprobs") is None else chat_logprobs(entries, self.token_text)["content"]
 
     def _response_usage(self, req, handle, stats, thought: str | None) -> dict:
         """The Responses usage; its reasoning tokens are the thinking's text tokenized again (the reply's own
@@ -289,20 +298,25 @@ class Service:
     async def _response_events(self, request: Request, req, handle, shape, started: float):
         self._unstarted.discard(handle)
         status, stop, spec, outcome = CLIENT_CLOSED, "cancelled", None, {}
-        events = responses.Events(shape)
+        scored = req.options.get("logprobs") is not None      # (then neither thinking nor tools: see responses())
+        events = responses.Events(shape, logprobs=scored)
         thinking = ReasoningStream(req.thinking) if req.thinking is not None else None
         calling = ToolCallStream(req.tools) if req.tools else None       # holds a tool call back until it is whole
+        pending: list = []                                     # scores of tokens whose text has not come out yet
         try:
             for event in events.start():
                 yield event
             try:
-                async for piece, _ in self._follow(handle, outcome):
+                async for piece, entries in self._follow(handle, outcome):
                     thought, piece = thinking.feed(piece) if thinking else ("", piece)
                     piece = calling.feed(piece) if calling else piece
+                    pending += self._response_logprobs(req, entries or []) or []
                     for event in (events.reasoning(thought) if thought else []) + \
-                            (events.message(piece) if piece else []):
+                            (events.message(piece, pending) if piece else []):
                         await asyncio.sleep(0)             # the loop runs between events (see _sse)
                         yield event
+                    if piece:
+                        pending = []
             except APIError as err:                         # headers are sent: an error event, then the end
                 self._cancel([handle])
                 status, stop = err.status, err.code or err.type
@@ -314,7 +328,8 @@ class Service:
                 return
             thought, rest = thinking.finish() if thinking else ("", "")
             rest = calling.feed(rest) if calling else rest
-            tail, calls = (events.reasoning(thought) if thought else []) + (events.message(rest) if rest else []), []
+            tail, calls = (events.reasoning(thought) if thought else []) + \
+                (events.message(rest, pending) if rest or pending else []), []
             if calling:
                 rest, calls = calling.finish()
                 tail += events.message(rest) if rest else []
@@ -325,7 +340,8 @@ class Service:
             finished = "completed" if calls else responses.status(stop)
             for event in tail + events.finish(calls, finished):
                 yield event
-            final = shape.response(finished, shape.output(events.thought, events.text, calls, finished),
+            final = shape.response(finished, shape.output(events.thought, events.text, calls, finished,
+                                                          events.logprobs),
                                    self._response_usage(req, handle, stats, events.thought), stop, spec)
             status = 200
             yield shape.event(f"response.{final['status']}", response=final)

@@ -1,12 +1,13 @@
-"""OpenAI's Responses API (POST /v1/responses) on top of the chat path: a request body becomes a chat request (the
-same checks, options and extensions), and the reply becomes a Response object, or its stream of typed events.
+"""OpenAI's Responses API (POST /v1/responses) on top of the chat path: a request body becomes a chat request (the same
+checks, options and extensions), and the reply becomes a Response object, or its stream of typed events.
 
 Text in and out: `input` (a string, or items: messages whose content is text or input_text / output_text parts,
-function_call and function_call_output items, reasoning items, dropped), `instructions`, `max_output_tokens`, `temperature`, `top_p`,
-`text.format` (text, json_object, json_schema), function `tools` with `tool_choice` and `parallel_tool_calls`,
-`stream`, `metadata`; a thinking template's reasoning comes as a reasoning item before the message, and the
-reply's tool calls as function_call items after it. Nothing is stored, so `store` must be false or left out and
-`previous_response_id` is refused; other tool types, images and files are refused with a 400.
+function_call and function_call_output items, reasoning items, dropped), `instructions`, `max_output_tokens`,
+`temperature`, `top_p`, `text.format` (text, json_object, json_schema), function `tools` with `tool_choice` and
+`parallel_tool_calls`, `include` of the output text's logprobs with `top_logprobs`, `stream`, `metadata`; a thinking
+template's reasoning comes as a reasoning item before the message, and the reply's tool calls as function_call items
+after it. Nothing is stored, so `store` must be false or left out and `previous_response_id` is refused; other tool
+types, images and files are refused with a 400.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ _OWN = {"input", "instructions", "text", "store", "previous_response_id", "reaso
         "stream_options", "prompt_cache_retention"}
 # accepted at these values only (their defaults, which clients send anyway)
 _DEFAULT_ONLY = {"store": (None, False), "previous_response_id": (None,), "reasoning": (None, {}),
-                 "truncation": (None, "disabled"), "include": (None, []), "background": (None, False),
-                 "max_tool_calls": (None,), "top_logprobs": (None, 0), "conversation": (None,), "prompt": (None,),
-                 "prompt_cache_retention": (None,)}
+                 "truncation": (None, "disabled"), "background": (None, False), "max_tool_calls": (None,),
+                 "conversation": (None,), "prompt": (None,), "prompt_cache_retention": (None,)}
+LOGPROBS = "message.output_text.logprobs"       # the one `include` value served
 _WHY = {"store": " (nothing is stored: send store false)", "previous_response_id": " (nothing is stored: send the "
         "whole conversation as input)"}
 INCOMPLETE = ("max_new_tokens", "max_seq_len", "timeout")        # stop reasons of an incomplete response
@@ -51,6 +52,7 @@ def chat_body(body) -> dict:
         if name in body:                             # the chat API's names: a Responses body has its own
             raise APIError(400, f"Unrecognized request argument supplied: {name}", name, "unrecognized_argument")
     _stream_options(body.get("stream_options"))
+    logprobs = _include(body.get("include"))
     chat = {_RENAMED.get(key, key): value for key, value in body.items() if key not in _OWN}
     messages = _instructions(body.get("instructions")) + _messages(body.get("input"))
     chat["messages"] = messages
@@ -61,7 +63,26 @@ def chat_body(body) -> dict:
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    top = body.get("top_logprobs")
+    if top not in (None, 0) and not logprobs:
+        raise invalid(f"'top_logprobs' needs 'include': [\"{LOGPROBS}\"]", "top_logprobs")
+    if logprobs:
+        chat["logprobs"] = True
+        if top is not None:
+            chat["top_logprobs"] = top
     return chat
+
+
+def _include(include) -> bool:
+    """`include` -> whether the output text's logprobs were asked for (the only extra output served)."""
+    if include is None:
+        return False
+    if not isinstance(include, list):
+        raise invalid("'include' must be a list", "include")
+    for value in include:
+        if value != LOGPROBS:
+            raise unsupported("include", value, f" (only '{LOGPROBS}')")
+    return bool(include)
 
 
 def _stream_options(options) -> None:
@@ -243,8 +264,12 @@ class Shape:
         return {"type": "reasoning", "id": self.reasoning_id, "status": status, "summary": [],
                 "content": [{"type": "reasoning_text", "text": text}]}
 
-    def message_item(self, text: str | None, status: str = "completed") -> dict:
-        content = [] if text is None else [{"type": "output_text", "text": text, "annotations": []}]
+    def message_item(self, text: str | None, status: str = "completed", logprobs: list | None = None) -> dict:
+        """logprobs: the text's tokens' entries, where they were asked for."""
+        part = {"type": "output_text", "text": text, "annotations": []}
+        if logprobs is not None:
+            part["logprobs"] = logprobs
+        content = [] if text is None else [part]
         return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": content}
 
     def call_item(self, index: int, call: dict, status: str = "completed") -> dict:
@@ -252,10 +277,11 @@ class Shape:
         return {"type": "function_call", "id": f"fc_{self.req.id}_{index}", "call_id": call["id"],
                 "name": call["function"]["name"], "arguments": call["function"]["arguments"], "status": status}
 
-    def output(self, thought: str | None, text: str, calls: list[dict] = (), status: str = "completed") -> list[dict]:
+    def output(self, thought: str | None, text: str, calls: list[dict] = (), status: str = "completed",
+               logprobs: list | None = None) -> list[dict]:
         """A finished reply's output items: its reasoning (where it thought), its message (where it wrote text, or
         called nothing; "incomplete" where the reply was cut off), then its function calls."""
-        message = [self.message_item(text, status)] if text or not calls else []
+        message = [self.message_item(text, status, logprobs)] if text or not calls else []
         return ([self.reasoning_item(thought)] if thought else []) + message + \
             [self.call_item(i, call) for i, call in enumerate(calls)]
 
@@ -270,9 +296,10 @@ class Events:
     """A streamed reply as the Responses API's events: each output item opened when its first text comes (the
     reasoning item, then the message), its deltas, and its done events once the next one opens or the reply ends."""
 
-    def __init__(self, shape: Shape):
+    def __init__(self, shape: Shape, logprobs: bool = False):
         self.shape = shape
         self.thought, self.text = "", ""
+        self.logprobs: list | None = [] if logprobs else None       # the text's tokens' entries, when asked for
         self.open: str | None = None                # "reasoning" or "message": the item taking deltas
         self.items = 0                              # output items opened so far
 
@@ -287,11 +314,14 @@ class Events:
         return out + [self.shape.event("response.reasoning_text.delta", item_id=self.shape.reasoning_id,
                                        output_index=self.items - 1, content_index=0, delta=delta)]
 
-    def message(self, delta: str) -> list[str]:
+    def message(self, delta: str, logprobs: list = ()) -> list[str]:
         out = [] if self.open == "message" else self._open("message")
         self.text += delta
+        if self.logprobs is not None:
+            self.logprobs += logprobs
         return out + [self.shape.event("response.output_text.delta", item_id=self.shape.message_id,
-                                       output_index=self.items - 1, content_index=0, delta=delta, logprobs=[])]
+                                       output_index=self.items - 1, content_index=0, delta=delta,
+                                       logprobs=list(logprobs))]
 
     def finish(self, calls: list[dict] = (), status: str = "completed") -> list[str]:
         """The done events of what is open, then each function call's (added, its arguments at once, done); a reply
@@ -331,13 +361,12 @@ class Events:
                     shape.event("response.output_item.done", output_index=index,
                                 item=shape.reasoning_item(self.thought))]
         if kind == "message":
-            part = {"type": "output_text", "text": self.text, "annotations": []}
+            item = shape.message_item(self.text, status, self.logprobs)
             return [shape.event("response.output_text.done", item_id=shape.message_id, output_index=index,
-                                content_index=0, text=self.text, logprobs=[]),
+                                content_index=0, text=self.text, logprobs=self.logprobs or []),
                     shape.event("response.content_part.done", item_id=shape.message_id, output_index=index,
-                                content_index=0, part=part),
-                    shape.event("response.output_item.done", output_index=index,
-                                item=shape.message_item(self.text, status))]
+                                content_index=0, part=item["content"][0]),
+                    shape.event("response.output_item.done", output_index=index, item=item)]
         return []
 
 

@@ -158,8 +158,9 @@ def test_thinking_comes_as_a_reasoning_item(workdir):
 
 
 @pytest.mark.parametrize("body,status,param", [
-    ({"input": "x", "store": True}, 400, "store"),
-    ({"input": "x", "previous_response_id": "resp_1"}, 400, "previous_response_id"),
+    ({"input": "x", "store": "yes"}, 400, "store"),
+    ({"input": "x", "previous_response_id": "resp_1"}, 404, "previous_response_id"),
+    ({"input": "x", "previous_response_id": 7}, 400, "previous_response_id"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
     ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {}}]}, 400, "tools"),  # no format
     ({"input": "x", "tool_choice": "required"}, 400, "tool_choice"),
@@ -228,6 +229,47 @@ def test_function_tools_calls_and_their_results(tool_bundle):  # noqa: F811
         refused = httpx.post(srv.url + "/responses", timeout=30, json={
             "model": MODEL, "input": "x", "tools": flat, "include": ["message.output_text.logprobs"]})
         assert_openai_error(refused, 400, "include")
+
+
+def test_previous_response_id_continues_a_stored_conversation(server):
+    """A response continued by id gets the prompt the whole conversation makes (its instructions not carried over,
+    as OpenAI's); retrieve and delete through the official client; store false keeps nothing."""
+    srv, gen = server
+    c = client(srv)
+    kwargs = dict(model=MODEL, max_output_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    first = c.responses.create(instructions="be brief", input="write a loop", **kwargs)
+    assert first.store is True and c.responses.retrieve(first.id).output_text == first.output_text
+    follow = c.responses.create(previous_response_id=first.id, input="and a class", **kwargs)
+    whole = c.responses.create(input=[{"role": "user", "content": "write a loop"},
+                                      {"role": "assistant", "content": first.output_text},
+                                      {"role": "user", "content": "and a class"}], **kwargs)
+    assert follow.output_text == whole.output_text and follow.usage.input_tokens == whole.usage.input_tokens
+    assert follow.previous_response_id == first.id
+    # streamed responses are kept too, and a chain goes on
+    events = list(c.responses.create(previous_response_id=follow.id, input="now a test", stream=True, **kwargs))
+    third = events[-1].response
+    chained = c.responses.create(previous_response_id=third.id, input="thanks", **kwargs)
+    assert chained.usage.input_tokens > third.usage.input_tokens > follow.usage.input_tokens
+    c.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError, match="not found"):
+        c.responses.create(previous_response_id=first.id, input="x", **kwargs)
+    unstored = c.responses.create(input="x", store=False, **kwargs)
+    assert unstored.store is False
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(unstored.id)
+
+
+def test_the_store_keeps_the_newest(server):
+    from specedge.serve.response_store import ResponseStore
+
+    store = ResponseStore(capacity=2)
+    for i in range(3):
+        store.save(f"r{i}", [{"role": "user", "content": str(i)}], {"id": f"r{i}"})
+    assert store.get("r0") is None and store.turns("r1") == [{"role": "user", "content": "1"}]
+    store.save("r3", [], {"id": "r3"})                                  # r1 was used last: r2 goes
+    assert store.get("r2") is None and store.get("r1") is not None and store.delete("r3") and not store.delete("r3")
 
 
 def test_a_streamed_response_that_fails_ends_with_an_error_event(workdir):

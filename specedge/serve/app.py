@@ -38,6 +38,7 @@ from specedge.serve.logprobs import (TextOffsets, TokenText, chat_logprobs, comp
 from specedge.serve.metrics import Metrics
 from specedge.serve.protocol import Limits
 from specedge.serve.rejections import RejectionLog
+from specedge.serve.response_store import ResponseStore
 from specedge.serve.steps import StepLog
 from specedge.serve.tokenize import detokenize, tokenize
 from specedge.serve.tools import message_tool_calls
@@ -75,6 +76,7 @@ class Service:
         self._previous_hook = None
         self._hook_failed = False
         self.active: set = set()                    # requests in flight (bridge.Request)
+        self.stored = ResponseStore()               # the Responses API's kept responses
         self._unstarted: set = set()                # streamed requests whose body has not started
 
     def cancel_all(self, reason: str = "shutdown") -> int:
@@ -254,14 +256,15 @@ class Service:
     async def responses(self, request: Request, started: float) -> Response:
         body = await self._read_json(request)
         try:
-            req = protocol.parse(responses.chat_body(body), "chat", self.gen, self.limits)
+            chat, turns = responses.chat_body(body, self._earlier(body))
+            req = protocol.parse(chat, "chat", self.gen, self.limits)
         except APIError as err:
             raise responses.renamed(err) from None
         if req.options.get("logprobs") is not None and (req.tools or req.thinking is not None):
             # the scores cover every token, and which of them a reasoning or call item's text took is not kept
             raise invalid(f"'{responses.LOGPROBS}' is served for replies without tools or a thinking template",
                           "include")
-        shape = responses.Shape(body, req)
+        shape = responses.Shape(body, req, turns)
         handles = self._open(req)
         if req.stream:
             self._unstarted.update(handles)
@@ -281,8 +284,39 @@ class Service:
         calls = message_tool_calls(req.id, calls, req.one_tool_call) if calls else []
         status = "completed" if calls else responses.status(stop)
         scores = self._response_logprobs(req, handle.logprobs)
-        return JSONResponse(shape.response(status, shape.output(thought, text, calls, status, scores),
-                                           self._response_usage(req, handle, stats, thought), stop, spec))
+        final = shape.response(status, shape.output(thought, text, calls, status, scores),
+                               self._response_usage(req, handle, stats, thought), stop, spec)
+        self._keep(shape, final, text, calls)
+        return JSONResponse(final)
+
+    def _earlier(self, body) -> list[dict]:
+        """The stored conversation `previous_response_id` continues ([] without one); a 404 for one not kept."""
+        previous = body.get("previous_response_id") if isinstance(body, dict) else None
+        if previous is None:
+            return []
+        if not isinstance(previous, str):
+            raise invalid("'previous_response_id' must be a string", "previous_response_id")
+        turns = self.stored.turns(previous)
+        if turns is None:
+            raise APIError(404, f"Previous response with id '{previous}' not found (this server keeps its newest "
+                           f"{self.stored.capacity} responses in memory, unless they were sent with store false)",
+                           "previous_response_id", "previous_response_not_found")
+        return turns
+
+    def _keep(self, shape, final: dict, text: str, calls: list[dict]) -> None:
+        """Stores a finished response (unless it was sent with store false) for a next previous_response_id."""
+        if final["store"]:
+            self.stored.save(final["id"], [*shape.turns, responses.reply_turn(text, calls)], final)
+
+    async def stored_response(self, request: Request, started: float) -> Response:
+        response_id = request.path_params["response_id"]
+        final = self.stored.get(response_id)
+        if final is None:
+            raise APIError(404, f"No response with id '{response_id}' is kept here", "response_id", "not_found")
+        if request.method == "DELETE":
+            self.stored.delete(response_id)
+            return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+        return JSONResponse(final)
 
     def _response_logprobs(self, req, entries: list) -> list | None:
         """The Responses API's logprobs of these tokens (chat's entries); None where they were not asked for."""
@@ -343,6 +377,7 @@ class Service:
             final = shape.response(finished, shape.output(events.thought, events.text, calls, finished,
                                                           events.logprobs),
                                    self._response_usage(req, handle, stats, events.thought), stop, spec)
+            self._keep(shape, final, events.text, calls)
             status = 200
             yield shape.event(f"response.{final['status']}", response=final)
         finally:
@@ -696,6 +731,7 @@ def create_app(gen, limits: Limits, api_key: str | None = None,
         Route("/v1/completions", service.route(completions), methods=["POST"]),
         Route("/v1/chat/completions", service.route(chat), methods=["POST"]),
         Route("/v1/responses", service.route(service.responses), methods=["POST"]),
+        Route("/v1/responses/{response_id}", service.route(service.stored_response), methods=["GET", "DELETE"]),
         Route("/v1/models", service.route(service.models), methods=["GET"]),
         Route("/v1/models/{model:path}", service.route(service.model), methods=["GET"]),
         Route("/v1/speculation/rejections", service.route(service.rejections_view), methods=["GET"]),

@@ -6,8 +6,8 @@ function_call and function_call_output items, reasoning items, dropped), `instru
 `temperature`, `top_p`, `text.format` (text, json_object, json_schema), function `tools` with `tool_choice` and
 `parallel_tool_calls`, `include` of the output text's logprobs with `top_logprobs`, `stream`, `metadata`; a thinking
 template's reasoning comes as a reasoning item before the message, and the reply's tool calls as function_call items
-after it. Nothing is stored, so `store` must be false or left out and `previous_response_id` is refused; other tool
-types, images and files are refused with a 400.
+after it. A finished response is kept (response_store.py) unless sent with `store` false, and `previous_response_id`
+continues its conversation; other tool types, images and files are refused with a 400.
 """
 
 from __future__ import annotations
@@ -25,12 +25,11 @@ _OWN = {"input", "instructions", "text", "store", "previous_response_id", "reaso
         "background", "max_tool_calls", "tools", "tool_choice", "top_logprobs", "conversation", "prompt",
         "stream_options", "prompt_cache_retention"}
 # accepted at these values only (their defaults, which clients send anyway)
-_DEFAULT_ONLY = {"store": (None, False), "previous_response_id": (None,), "reasoning": (None, {}),
+_DEFAULT_ONLY = {"reasoning": (None, {}),
                  "truncation": (None, "disabled"), "background": (None, False), "max_tool_calls": (None,),
                  "conversation": (None,), "prompt": (None,), "prompt_cache_retention": (None,)}
 LOGPROBS = "message.output_text.logprobs"       # the one `include` value served
-_WHY = {"store": " (nothing is stored: send store false)", "previous_response_id": " (nothing is stored: send the "
-        "whole conversation as input)"}
+_WHY: dict[str, str] = {}
 INCOMPLETE = ("max_new_tokens", "max_seq_len", "timeout")        # stop reasons of an incomplete response
 # chat-completions parameter names in errors -> the Responses request's
 _PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens",
@@ -38,10 +37,13 @@ _PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens",
 _TOOL_KEYS = {"type", "name", "description", "parameters", "strict"}
 
 
-def chat_body(body) -> dict:
-    """A Responses request body -> the chat-completions body that runs it."""
+def chat_body(body, earlier: list[dict] = ()) -> tuple[dict, list[dict]]:
+    """A Responses request body -> (the chat-completions body that runs it, the conversation's turns without the
+    instructions: earlier, a stored response's, then the input's)."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
+    if body.get("store") not in (None, True, False):
+        raise invalid("'store' must be true or false", "store")
     for name, accepted in _DEFAULT_ONLY.items():
         value = body.get(name)
         if name == "reasoning" and isinstance(value, dict) and not any(v is not None for v in value.values()):
@@ -54,8 +56,8 @@ def chat_body(body) -> dict:
     _stream_options(body.get("stream_options"))
     logprobs = _include(body.get("include"))
     chat = {_RENAMED.get(key, key): value for key, value in body.items() if key not in _OWN}
-    messages = _instructions(body.get("instructions")) + _messages(body.get("input"))
-    chat["messages"] = messages
+    turns = [*earlier, *_messages(body.get("input"))]
+    chat["messages"] = _instructions(body.get("instructions")) + turns
     response_format = _format(body.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format
@@ -70,7 +72,15 @@ def chat_body(body) -> dict:
         chat["logprobs"] = True
         if top is not None:
             chat["top_logprobs"] = top
-    return chat
+    return chat, turns
+
+
+def reply_turn(text: str, calls: list[dict]) -> dict:
+    """A reply as the chat message a next turn carries (its thinking dropped, as templates drop it)."""
+    turn = {"role": "assistant", "content": text if text or not calls else None}
+    if calls:
+        turn["tool_calls"] = calls
+    return turn
 
 
 def _include(include) -> bool:
@@ -237,8 +247,8 @@ def _format(text) -> dict | None:
 class Shape:
     """The ids and echoed settings of one response, and its objects and events as it goes."""
 
-    def __init__(self, body: dict, req: protocol.ParsedRequest):
-        self.body, self.req = body, req
+    def __init__(self, body: dict, req: protocol.ParsedRequest, turns: list[dict] = ()):
+        self.body, self.req, self.turns = body, req, list(turns)   # turns: the conversation before the reply
         self.id = f"resp_{req.id}"
         self.message_id, self.reasoning_id = f"msg_{req.id}", f"rs_{req.id}"
         self.created = int(time.time())
@@ -253,7 +263,8 @@ class Shape:
                "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
                "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
                "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
-               "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [], "store": False,
+               "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
+               "store": body.get("store") is not False, "previous_response_id": body.get("previous_response_id"),
                "text": body.get("text") or {"format": {"type": "text"}}, "truncation": "disabled",
                "metadata": body.get("metadata") or {}, "usage": usage}
         if spec is not None:

@@ -528,6 +528,9 @@ def _serve_extra(err: ImportError) -> SpecedgeError:
               help="Free KV slots keep their text: a request starting with it (a conversation's next turn, a shared "
                    "system prompt) prefills only the rest (usage.prompt_tokens_details.cached_tokens) [default: on "
                    "where that is exact: the cpu backend].")
+@click.option("--stored-responses", default=256, show_default=True, type=NON_NEGATIVE,
+              help="Responses (POST /v1/responses) kept in memory for previous_response_id and GET /v1/responses/{id}, "
+                   "the newest first; 0 keeps none. Each replica keeps its own.")
 @click.option("--reasoning-parser/--no-reasoning-parser", "reasoning", default=True,
               help="A reasoning model's thinking (<think>...</think>, where the chat template has it) comes back as "
                    "message.reasoning_content, apart from content [default: on].")
@@ -551,9 +554,11 @@ def _serve_extra(err: ImportError) -> SpecedgeError:
 @gpu_options
 @target_rows_option
 def serve(bundle, host, port, max_batch, max_queue, api_key, served_model_name, policy, drafter, request_timeout,
-          drain_timeout, max_body_bytes, prompt_cache, reasoning, log_level, use_ray, replicas, autoscale,
-          target_ongoing_requests, replica_cpus, ray_address, threads, backend, device_id, cuda_graphs, target_rows):
-    """Serve a bundle over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /metrics)."""
+          drain_timeout, max_body_bytes, prompt_cache, stored_responses, reasoning, log_level, use_ray, replicas,
+          autoscale, target_ongoing_requests, replica_cpus, ray_address, threads, backend, device_id, cuda_graphs,
+          target_rows):
+    """Serve a bundle over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/responses,
+    /metrics)."""
     import logging
 
     try:
@@ -572,7 +577,7 @@ def serve(bundle, host, port, max_batch, max_queue, api_key, served_model_name, 
     config = EngineConfig(bundle=bundle, max_batch=max_batch, max_queue=max_queue, served_model_name=served_model_name,
                           policy=policy, drafter=drafter, request_timeout=request_timeout, threads=threads,
                           backend=backend, device_id=device_id, cuda_graphs=cuda_graphs, target_rows=_rows(target_rows),
-                          prompt_cache=prompt_cache, reasoning=reasoning)
+                          prompt_cache=prompt_cache, reasoning=reasoning, stored_responses=stored_responses)
     if use_ray:
         _serve_on_ray(config, host, port, api_key, drain_timeout, max_body_bytes, log_level, replicas, autoscale,
                       target_ongoing_requests, replica_cpus, ray_address)

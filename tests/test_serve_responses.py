@@ -159,7 +159,7 @@ def test_thinking_comes_as_a_reasoning_item(workdir):
 
 @pytest.mark.parametrize("body,status,param", [
     ({"input": "x", "store": "yes"}, 400, "store"),
-    ({"input": "x", "previous_response_id": "resp_1"}, 404, "previous_response_id"),
+    ({"input": "x", "previous_response_id": "resp_1"}, 400, "previous_response_id"),
     ({"input": "x", "previous_response_id": 7}, 400, "previous_response_id"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
     ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {}}]}, 400, "tools"),  # no format
@@ -250,15 +250,32 @@ def test_previous_response_id_continues_a_stored_conversation(server):
     third = events[-1].response
     chained = c.responses.create(previous_response_id=third.id, input="thanks", **kwargs)
     assert chained.usage.input_tokens > third.usage.input_tokens > follow.usage.input_tokens
+    for query, param in (({"stream": "true"}, "stream"), ({"starting_after": "3"}, "starting_after"),
+                         ({"include": "message.output_text.logprobs"}, "include"), ({"x": "1"}, "x")):
+        assert_openai_error(httpx.get(f"{srv.url}/responses/{first.id}", params=query, timeout=30), 400, param)
     c.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         c.responses.retrieve(first.id)
-    with pytest.raises(openai.NotFoundError, match="not found"):
+    with pytest.raises(openai.BadRequestError, match="not found"):         # as OpenAI: a 400
         c.responses.create(previous_response_id=first.id, input="x", **kwargs)
     unstored = c.responses.create(input="x", store=False, **kwargs)
     assert unstored.store is False
     with pytest.raises(openai.NotFoundError):
         c.responses.retrieve(unstored.id)
+
+
+def test_kept_responses_leave_logprobs_out_and_none_are_kept_at_zero(workdir):
+    with running(serve_bundle(workdir), stored_responses=0) as (srv, gen):
+        r = client(srv).responses.create(model=MODEL, input="x", max_output_tokens=4)
+        assert r.store is False
+        with pytest.raises(openai.NotFoundError):
+            client(srv).responses.retrieve(r.id)
+    with running(serve_bundle(workdir)) as (srv, gen):
+        r = client(srv).responses.create(model=MODEL, input="x", max_output_tokens=4, top_logprobs=3,
+                                         include=["message.output_text.logprobs"])
+        assert len(r.output[0].content[0].logprobs) == 4 and r.top_logprobs == 3
+        kept = client(srv).responses.retrieve(r.id)
+        assert kept.output_text == r.output_text and kept.output[0].content[0].logprobs is None
 
 
 def test_the_store_keeps_the_newest(server):

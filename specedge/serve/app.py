@@ -76,7 +76,7 @@ class Service:
         self._previous_hook = None
         self._hook_failed = False
         self.active: set = set()                    # requests in flight (bridge.Request)
-        self.stored = ResponseStore()               # the Responses API's kept responses
+        self.stored = ResponseStore(limits.stored_responses)     # the Responses API's kept responses
         self._unstarted: set = set()                # streamed requests whose body has not started
 
     def cancel_all(self, reason: str = "shutdown") -> int:
@@ -264,7 +264,7 @@ class Service:
             # the scores cover every token, and which of them a reasoning or call item's text took is not kept
             raise invalid(f"'{responses.LOGPROBS}' is served for replies without tools or a thinking template",
                           "include")
-        shape = responses.Shape(body, req, turns)
+        shape = responses.Shape(body, req, turns, keep=body.get("store") is not False and self.stored.capacity > 0)
         handles = self._open(req)
         if req.stream:
             self._unstarted.update(handles)
@@ -298,17 +298,19 @@ class Service:
             raise invalid("'previous_response_id' must be a string", "previous_response_id")
         turns = self.stored.turns(previous)
         if turns is None:
-            raise APIError(404, f"Previous response with id '{previous}' not found (this server keeps its newest "
-                           f"{self.stored.capacity} responses in memory, unless they were sent with store false)",
-                           "previous_response_id", "previous_response_not_found")
+            raise invalid(f"Previous response with id '{previous}' not found (this server keeps its newest "
+                          f"{self.stored.capacity} responses in memory, unless they were sent with store false)",
+                          "previous_response_id", "previous_response_not_found")
         return turns
 
     def _keep(self, shape, final: dict, text: str, calls: list[dict]) -> None:
         """Stores a finished response (unless it was sent with store false) for a next previous_response_id."""
-        if final["store"]:
-            self.stored.save(final["id"], [*shape.turns, responses.reply_turn(text, calls)], final)
+        if final["store"]:                       # kept without logprobs: 20 alternatives a token add up to MiBs
+            self.stored.save(final["id"], [*shape.turns, responses.reply_turn(text, calls)],
+                             responses.without_logprobs(final))
 
     async def stored_response(self, request: Request, started: float) -> Response:
+        responses.check_retrieve(request.query_params.multi_items())
         response_id = request.path_params["response_id"]
         final = self.stored.get(response_id)
         if final is None:

@@ -31,6 +31,7 @@ class EngineConfig:
     target_rows: str | int = "auto"
     prompt_cache: bool | None = None      # free slots keep their text (None: where exact; see runtime.load)
     reasoning: bool = True                # thinking (<think>...</think>) as reasoning_content where the template has it
+    stored_responses: int = 256           # the Responses API's kept responses (0: none)
 
     def resolved_max_batch(self) -> int:
         """The KV slots a replica allocates (reads the manifest when max_batch is unset)."""
@@ -68,5 +69,6 @@ def load_engine(config: EngineConfig):
         gen.close()
         raise
     limits = Limits(model=config.model_name, policy=policy, drafter=config.drafter,
-                    request_timeout=config.request_timeout, reasoning=config.reasoning)
+                    request_timeout=config.request_timeout, reasoning=config.reasoning,
+                    stored_responses=config.stored_responses)
     return gen, limits

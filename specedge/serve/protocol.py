@@ -73,6 +73,7 @@ class Limits:
     request_timeout: float | None = 600.0    # seconds, the most a request may run (None: no limit)
     max_messages: int = MAX_MESSAGES
     reasoning: bool = True                   # split <think> blocks into reasoning_content (where the template thinks)
+    stored_responses: int = 256              # the Responses API's kept responses (0: none; response_store.py)
 
 
 @dataclass

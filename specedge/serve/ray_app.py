@@ -119,6 +119,7 @@ class BuildArgs(BaseModel):
     target_rows: str = "auto"
     cuda_graphs: bool = True
     prompt_cache: bool | None = None
+    stored_responses: int = Field(256, ge=0)
     log_level: str = "info"
 
     @model_validator(mode="after")
@@ -134,7 +135,8 @@ def build(args: BuildArgs):
                           served_model_name=args.served_model_name, policy=args.policy, drafter=args.drafter,
                           request_timeout=args.request_timeout, threads=args.threads, backend=args.backend,
                           target_rows=args.target_rows if args.target_rows == "auto" else int(args.target_rows),
-                          cuda_graphs=args.cuda_graphs, prompt_cache=args.prompt_cache)
+                          cuda_graphs=args.cuda_graphs, prompt_cache=args.prompt_cache,
+                          stored_responses=args.stored_responses)
     autoscale = None if args.min_replicas is None else (args.min_replicas, args.max_replicas)
     return application(config, args.replicas, autoscale, args.target_ongoing_requests,
                        args.api_key or os.environ.get("SPECEDGE_API_KEY"), args.max_body_bytes, args.drain_timeout,

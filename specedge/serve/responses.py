@@ -75,6 +75,31 @@ def chat_body(body, earlier: list[dict] = ()) -> tuple[dict, list[dict]]:
     return chat, turns
 
 
+def without_logprobs(response: dict) -> dict:
+    """A response whose output_text parts leave their logprobs out (what the store keeps)."""
+    def part(p: dict) -> dict:
+        return {k: v for k, v in p.items() if k != "logprobs"}
+
+    output = [{**item, "content": [part(p) for p in item["content"]]} if item.get("type") == "message" else item
+              for item in response["output"]]
+    return {**response, "output": output}
+
+
+def check_retrieve(query: list[tuple[str, str]]) -> None:
+    """GET /v1/responses/{id}'s query: what the official client sends, served as far as a kept response allows."""
+    for key, value in query:
+        if key == "stream" and value.lower() not in ("false", "0", ""):
+            raise unsupported("stream", value, " (a kept response is returned whole)")
+        if key == "starting_after":
+            raise unsupported("starting_after", value, " (a kept response is returned whole)")
+        if key in ("include", "include[]") and value != LOGPROBS:
+            raise unsupported("include", value, f" (only '{LOGPROBS}')")
+        if key in ("include", "include[]") and value == LOGPROBS:
+            raise unsupported("include", value, " (kept responses keep no logprobs)")
+        if key not in ("stream", "starting_after", "include", "include[]", "include_obfuscation"):
+            raise APIError(400, f"Unrecognized query parameter: {key}", key, "unrecognized_argument")
+
+
 def reply_turn(text: str, calls: list[dict]) -> dict:
     """A reply as the chat message a next turn carries (its thinking dropped, as templates drop it)."""
     turn = {"role": "assistant", "content": text if text or not calls else None}
@@ -247,8 +272,9 @@ def _format(text) -> dict | None:
 class Shape:
     """The ids and echoed settings of one response, and its objects and events as it goes."""
 
-    def __init__(self, body: dict, req: protocol.ParsedRequest, turns: list[dict] = ()):
+    def __init__(self, body: dict, req: protocol.ParsedRequest, turns: list[dict] = (), keep: bool = False):
         self.body, self.req, self.turns = body, req, list(turns)   # turns: the conversation before the reply
+        self.keep = keep                                         # kept for previous_response_id (response_store.py)
         self.id = f"resp_{req.id}"
         self.message_id, self.reasoning_id = f"msg_{req.id}", f"rs_{req.id}"
         self.created = int(time.time())
@@ -264,7 +290,8 @@ class Shape:
                "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
                "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
                "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
-               "store": body.get("store") is not False, "previous_response_id": body.get("previous_response_id"),
+               "store": self.keep, "previous_response_id": body.get("previous_response_id"),
+               "top_logprobs": body.get("top_logprobs"),
                "text": body.get("text") or {"format": {"type": "text"}}, "truncation": "disabled",
                "metadata": body.get("metadata") or {}, "usage": usage}
         if spec is not None:

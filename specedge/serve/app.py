@@ -290,7 +290,7 @@ class Service:
         return JSONResponse(final)
 
     def _earlier(self, body) -> list[dict]:
-        """The stored conversation `previous_response_id` continues ([] without one); a 404 for one not kept."""
+        """The stored conversation `previous_response_id` continues ([] without one); a 400 for one not kept."""
         previous = body.get("previous_response_id") if isinstance(body, dict) else None
         if previous is None:
             return []

@@ -35,6 +35,8 @@ def test_astream_pieces_and_agenerate_equal_generate(good_bundle):
 
     stream, pieces, again = run(main())
     assert "".join(pieces) == stream.text == expected.text and len(pieces) > 1
+    ids = gen.encode(PROMPTS[0])
+    assert run(gen.agenerate_ids(ids, max_new_tokens=40, ignore_eos=True, k=4)).tokens == expected.tokens
     assert stream.result.tokens == stream.tokens == again.tokens == expected.tokens
     assert stream.result.stats.n_verify > 0
     # the generator now drives from its worker thread; blocking calls still work

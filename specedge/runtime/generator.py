@@ -239,6 +239,12 @@ class Generator:
     async def agenerate(self, prompt: str, **options) -> GenerationResult:
         return await self.astream(prompt, **options).wait()
 
+    def astream_ids(self, prompt_ids: list[int], **options) -> AsyncStream:
+        return AsyncStream(self._in_background(lambda outbox: self.stream_ids(prompt_ids, outbox=outbox, **options)))
+
+    async def agenerate_ids(self, prompt_ids: list[int], **options) -> GenerationResult:
+        return await self.astream_ids(prompt_ids, **options).wait()
+
     def astream_chat(self, messages: list[dict], **options) -> AsyncStream:
         return AsyncStream(self._in_background(lambda outbox: self.stream_chat(messages, outbox=outbox, **options)))
 

@@ -173,18 +173,21 @@ def _work_prefix(out: Path) -> str:
     return f".{out.name}.export-"                 # then _owner(): .OUT.export-HOST-PID-xxxx
 
 
+def _host() -> str:
+    return "".join(c if c.isalnum() else "_" for c in socket.gethostname()) or "host"
+
+
 def _owner() -> str:
     """This export's machine and process: a work folder is another's to remove only where its process is gone,
     which only the same machine can tell (a volume may be shared with other hosts or containers)."""
-    host = "".join(c if c.isalnum() else "_" for c in socket.gethostname()) or "host"
-    return f"{host}-{os.getpid()}"
+    return f"{_host()}-{os.getpid()}"
 
 
 def _remove_stale_work(out: Path, say) -> None:
     """Work folders of exports to the same --out made on this machine by a process that is gone (SIGKILL or the
     out-of-memory killer leave them, possibly gigabytes): removed; an old bundle such an export had moved aside
     to replace it (-replaced) is put back where --out is free. A running export's, or another host's, are left."""
-    prefix, host = _work_prefix(out), _owner().rsplit("-", 1)[0]
+    prefix, host = _work_prefix(out), _host()
     try:
         folders = list(out.parent.iterdir())
     except OSError:                               # unreadable: the export's own writing will say what is wrong

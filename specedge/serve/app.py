@@ -28,8 +28,8 @@ from starlette.routing import Route
 from specedge.errors import NoDraftModel, OptionError, SpecedgeError
 from specedge.runtime.scheduler import QueueFull
 from specedge.runtime.stats import GenerationStats
-from specedge.runtime.reasoning import ReasoningStream, split_reasoning
-from specedge.runtime.tool_calls import ToolCallStream, split_tool_calls
+from specedge.runtime.reasoning import ReasoningStream
+from specedge.runtime.tool_calls import ToolCallStream
 from specedge.serve import protocol, responses
 from specedge.serve.bridge import Bridge, RequestTimeout
 from specedge.serve.errors import APIError, invalid
@@ -279,9 +279,7 @@ class Service:
         spec = protocol.speculation(stats, req.speculation, stop)
         self._done(req, handle, stop, stats, started)
         self._log(request, req, handles, 200, stop, spec, started)
-        thought, text = split_reasoning(handle.text, req.thinking) if req.thinking is not None else (None, handle.text)
-        text, calls = split_tool_calls(text, req.tools) if req.tools else (text, [])
-        calls = message_tool_calls(req.id, calls, req.one_tool_call) if calls else []
+        thought, text, calls = protocol.reply_parts(req, handle.text)
         status = "completed" if calls else responses.status(stop)
         scores = self._response_logprobs(req, handle.logprobs)
         final = shape.response(status, shape.output(thought, text, calls, status, scores),
@@ -334,25 +332,26 @@ class Service:
     async def _response_events(self, request: Request, req, handle, shape, started: float):
         self._unstarted.discard(handle)
         status, stop, spec, outcome = CLIENT_CLOSED, "cancelled", None, {}
-        scored = req.options.get("logprobs") is not None      # (then neither thinking nor tools: see responses())
-        events = responses.Events(shape, logprobs=scored)
-        thinking = ReasoningStream(req.thinking) if req.thinking is not None else None
-        calling = ToolCallStream(req.tools) if req.tools else None       # holds a tool call back until it is whole
+        events = responses.Events(shape, logprobs=req.options.get("logprobs") is not None)
         pending: list = []                                     # scores of tokens whose text has not come out yet
+        calls: list = []
         try:
             for event in events.start():
                 yield event
             try:
-                async for piece, entries in self._follow(handle, outcome):
-                    thought, piece = thinking.feed(piece) if thinking else ("", piece)
-                    piece = calling.feed(piece) if calling else piece
-                    pending += self._response_logprobs(req, entries or []) or []
-                    for event in (events.reasoning(thought) if thought else []) + \
-                            (events.message(piece, pending) if piece else []):
+                async for kind, text, entries in self._parts(req, handle, outcome):
+                    out = []
+                    if kind == "thought":
+                        out = events.reasoning(text)
+                    elif kind in ("text", "rest"):
+                        pending += self._response_logprobs(req, entries or []) or []
+                        if text:
+                            out, pending = events.message(text, pending), []
+                    elif kind == "calls" and text:
+                        calls = message_tool_calls(req.id, text, req.one_tool_call)
+                    for event in out:
                         await asyncio.sleep(0)             # the loop runs between events (see _sse)
                         yield event
-                    if piece:
-                        pending = []
             except APIError as err:                         # headers are sent: an error event, then the end
                 self._cancel([handle])
                 status, stop = err.status, err.code or err.type
@@ -362,14 +361,7 @@ class Service:
                                                                "error": {"code": responses.failed_code(err.status),
                                                                          "message": err.message}})
                 return
-            thought, rest = thinking.finish() if thinking else ("", "")
-            rest = calling.feed(rest) if calling else rest
-            tail, calls = (events.reasoning(thought) if thought else []) + \
-                (events.message(rest, pending) if rest or pending else []), []
-            if calling:
-                rest, calls = calling.finish()
-                tail += events.message(rest) if rest else []
-                calls = message_tool_calls(req.id, calls, req.one_tool_call) if calls else []
+            tail = events.message("", pending) if pending else []   # scores whose text never came out
             stop, stats = outcome["stop"], outcome["stats"]
             self._done(req, handle, stop, stats, started)
             spec = protocol.speculation(stats, req.speculation, stop)
@@ -461,39 +453,53 @@ class Service:
         if req.kind == "chat":
             yield protocol.chunk(req, "", first=True, index=index)
         offsets = TextOffsets(self.token_text)           # completions' text_offset, carried from chunk to chunk
-        calling = ToolCallStream(req.tools) if req.tools else None       # holds a tool call back until it is whole
-        thinking = ReasoningStream(req.thinking) if req.thinking is not None else None   # <think> apart
-        echo = req.echo
-        async for piece, logprobs in self._follow(handle, outcome, alone=req.n == 1):
-            thought, piece = thinking.feed(piece) if thinking else ("", piece)
-            if thought:
-                yield protocol.chunk(req, None, reasoning=thought, index=index)
-            piece = calling.feed(piece) if calling else piece
-            if req.echo_only:
-                continue                                     # the one token generated is left out
-            if piece or logprobs:
+        echo, calls = req.echo, []
+        async for kind, text, logprobs in self._parts(req, handle, outcome):
+            if kind == "thought":
+                yield protocol.chunk(req, None, reasoning=text, index=index)
+            elif kind == "text" and not req.echo_only and (text or logprobs):   # echo only: the token is left out
                 # completions' echo: the prompt comes with the first chunk (as vLLM's); its scores are all there
                 # once a token is committed
                 head, block = self._echo_head(req, offsets, handle.stream.scored_prompt()) if echo else ("", None)
                 echo, block = False, _then(block, self._logprobs(req, logprobs or [], offsets))
-                yield protocol.chunk(req, head + piece, logprobs=block, index=index)
-        self._done(req, handle, outcome["stop"], outcome["stats"], started)   # counted before the client sees the end
-        if echo:                                             # nothing came before the end (echo with max_tokens 0)
-            head, block = self._echo_head(req, offsets, handle.result.prompt_logprobs if handle.result else None)
-            yield protocol.chunk(req, head, logprobs=block, index=index)
-        thought, rest = thinking.finish() if thinking else ("", "")
-        if thought:
-            yield protocol.chunk(req, None, reasoning=thought, index=index)
-        rest = calling.feed(rest) if calling else rest
-        if rest:
-            yield protocol.chunk(req, rest, index=index)
-        rest, calls = calling.finish() if calling else ("", [])
-        if rest:
-            yield protocol.chunk(req, rest, index=index)
-        if calls:
-            yield protocol.chunk(req, None, calls=calls, index=index)
+                yield protocol.chunk(req, head + text, logprobs=block, index=index)
+            elif kind == "end":
+                self._done(req, handle, outcome["stop"], outcome["stats"], started)   # before the client sees the end
+                if echo:                                     # nothing came before the end (echo with max_tokens 0)
+                    head, block = self._echo_head(req, offsets,
+                                                  handle.result.prompt_logprobs if handle.result else None)
+                    yield protocol.chunk(req, head, logprobs=block, index=index)
+            elif kind == "rest":
+                yield protocol.chunk(req, text, index=index)
+            elif kind == "calls" and text:
+                calls = text
+                yield protocol.chunk(req, None, calls=calls, index=index)
         finish = "tool_calls" if calls else protocol.finish_reason(outcome["stop"])
         yield protocol.chunk(req, None, finish=finish, index=index)
+
+    async def _parts(self, req, handle, outcome: dict):
+        """A streamed reply split as the whole reply is (its thinking apart, tool calls held back until whole):
+        ("thought", text, None), ("text", text, logprobs of its tokens or None) as tokens come; ("end", None, None)
+        once generation ended (outcome filled, _follow); then what was held back: ("thought", ...), ("rest", text,
+        None), and last ("calls", [ToolCall], None). Raises APIError as _follow does."""
+        thinking = ReasoningStream(req.thinking) if req.thinking is not None else None   # <think> apart
+        calling = ToolCallStream(req.tools) if req.tools else None       # holds a tool call back until it is whole
+        async for piece, logprobs in self._follow(handle, outcome, alone=req.n == 1):
+            thought, piece = thinking.feed(piece) if thinking else ("", piece)
+            if thought:
+                yield "thought", thought, None
+            yield "text", calling.feed(piece) if calling else piece, logprobs
+        yield "end", None, None
+        thought, rest = thinking.finish() if thinking else ("", "")
+        if thought:
+            yield "thought", thought, None
+        rest = calling.feed(rest) if calling else rest
+        if rest:
+            yield "rest", rest, None
+        rest, calls = calling.finish() if calling else ("", [])
+        if rest:
+            yield "rest", rest, None
+        yield "calls", calls, None
 
     async def _sse(self, request: Request, req, handles: list, started: float):
         self._unstarted.difference_update(handles)

@@ -498,19 +498,26 @@ def _call_ids(req: ParsedRequest, index: int) -> str:
     return req.id if index == 0 else f"{req.id}_{index}"
 
 
+def reply_parts(req: ParsedRequest, text: str, index: int = 0) -> tuple[str | None, str | None, list[dict]]:
+    """A whole reply of choice `index` -> (its thinking or None, the answer's text, its tool calls in the chat API's
+    shape); the answer is None where the reply is only calls."""
+    reasoning, text = split_reasoning(text, req.thinking) if req.thinking is not None else (None, text)
+    content, calls = split_tool_calls(text, req.tools) if req.tools else (text, [])
+    return reasoning, content, message_tool_calls(_call_ids(req, index), calls, req.one_tool_call) if calls else []
+
+
 def _choice(req: ParsedRequest, index: int, choice: Choice) -> dict:
     if req.kind == "completion":
         return {"index": index, "text": choice.text, "finish_reason": finish_reason(choice.stop_reason),
                 "logprobs": choice.logprobs}
-    reasoning, text = split_reasoning(choice.text, req.thinking) if req.thinking is not None else (None, choice.text)
-    content, calls = split_tool_calls(text, req.tools) if req.tools else (text, [])
+    reasoning, content, calls = reply_parts(req, choice.text, index)
     message = {"role": "assistant", "content": content, "refusal": None}
     if req.thinking is not None:
         message["reasoning_content"] = reasoning
         if reasoning is not None and not content and not calls:
             message["content"] = None              # cut off while thinking: no answer (as vLLM)
     if calls:
-        message["tool_calls"] = message_tool_calls(_call_ids(req, index), calls, req.one_tool_call)
+        message["tool_calls"] = calls
     return {"index": index, "message": message, "logprobs": choice.logprobs,
             "finish_reason": "tool_calls" if calls else finish_reason(choice.stop_reason)}
 

@@ -92,10 +92,9 @@ def check_retrieve(query: list[tuple[str, str]]) -> None:
             raise unsupported("stream", value, " (a kept response is returned whole)")
         if key == "starting_after":
             raise unsupported("starting_after", value, " (a kept response is returned whole)")
-        if key in ("include", "include[]") and value != LOGPROBS:
-            raise unsupported("include", value, f" (only '{LOGPROBS}')")
-        if key in ("include", "include[]") and value == LOGPROBS:
-            raise unsupported("include", value, " (kept responses keep no logprobs)")
+        if key in ("include", "include[]"):
+            raise unsupported("include", value, " (kept responses keep no logprobs)" if value == LOGPROBS
+                              else f" (only '{LOGPROBS}')")
         if key not in ("stream", "starting_after", "include", "include[]", "include_obfuscation"):
             raise APIError(400, f"Unrecognized query parameter: {key}", key, "unrecognized_argument")
 

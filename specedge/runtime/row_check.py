@@ -17,17 +17,21 @@ from specedge.runtime.backends import open_backend
 from specedge.runtime.backends.base import ModelBackend, SlotCursor, decode_width
 
 ROWS_CHECK = (7, 4)                   # prefix, then a verify-sized step replayed one token at a time
+ODD_STEP = 3                          # and an odd-sized one: the last row of an odd call may take the one-row kernel
 
 
 def verify_rows_bitwise_equal(cursor: SlotCursor, ids: list[int]) -> bool:
-    """Feeds ids[:prefix], then the next n tokens in one call, then the same n one by one."""
+    """Feeds ids[:prefix], then the next n tokens in one call, then the same n one by one; the same for the first
+    ODD_STEP of them in one call."""
     prefix, n = ROWS_CHECK
     cursor.pos = 0
     cursor.feed(ids[:prefix])
     together = cursor.feed(ids[prefix: prefix + n]).copy()
     cursor.pos = prefix
+    odd = cursor.feed(ids[prefix: prefix + ODD_STEP]).copy()
+    cursor.pos = prefix
     alone = np.concatenate([cursor.feed([t]).copy() for t in ids[prefix: prefix + n]])
-    return bool(np.array_equal(together, alone))
+    return bool(np.array_equal(together, alone) and np.array_equal(odd, alone[:ODD_STEP]))
 
 
 def probe_ids(vocab_size: int, seed: int = 0) -> list[int]:

@@ -29,17 +29,17 @@ _RANGE = np.arange(1 << 16, dtype=np.int64)          # positions and row indices
 def pad_call(starts, tokens, last, min_rows: int, ids: np.ndarray, positions: np.ndarray,
              logit_rows: np.ndarray, width: int = 0) -> PaddedCall:
     """Lays a call out in the given scratch (flat int64 buffers, large enough): T = the longest row, n = the most
-    rows wanted; a lone one-token call grows to min_rows rows (and logit rows), see ModelBackend.min_rows; a call
-    of at most `width` tokens a row grows to width tokens and width logit rows (one shape for every decode call)."""
+    rows wanted; a call of at most `width` tokens a row grows to width tokens and width logit rows (one shape for
+    every decode call); otherwise, with min_rows 2, its B x T token rows and B x n logit rows are made even (a lone
+    token grows to two rows, an odd call by one more column), see ModelBackend.min_rows."""
     b = len(starts)
     t = max(1, max(map(len, tokens)))
     n = max(1, max(last))
-    if b * t < min_rows:
-        t = min_rows
-    if b * n < min_rows:
-        n = min_rows
     if t <= width:
-        t = n = width
+        t = n = width                 # the one decode shape: its rows are alike in every call, odd or even
+    elif min_rows > 1:
+        t += (b * t) % 2
+        n += (b * n) % 2
     ids, positions, logit_rows = ids[: b * t].reshape(b, t), positions[: b * t].reshape(b, t), logit_rows[: b * n].reshape(b, n)
     for r, (start, row, want) in enumerate(zip(starts, tokens, last)):
         m = len(row)
@@ -74,9 +74,12 @@ def fixed_decode_shape(starts, tokens, last, lo: int, max_batch: int, width: int
 class ModelBackend:
     """One model's step graph with KV buffers for max_batch slots, allocated once.
 
-    min_rows: rows a lone single-token call runs as (1 or 2). Quantized MatMulNBits takes another kernel for
-    one row on some CPUs, whose results differ in the last bits from the multi-row kernel; at 2, a lone token is
-    run with a copy of itself at the next position, so its row equals the same token's row in a verify call.
+    min_rows: 1, or 2 where rows must come in pairs. Quantized MatMulNBits takes another kernel for one row on
+    some CPUs, whose results differ in the last bits from the multi-row kernel, and on some it also computes the
+    last row of an odd row count with that kernel (block 128 on an AVX-512 EPYC: a verify call of 3, 5 or 7
+    tokens had a last row unlike the same row in an even call). At 2, every call's rows are even: a lone token
+    runs with a copy of itself at the next position, an odd call gets one more such column, so a row is the same
+    whatever call it is in.
     """
 
     name = "base"

@@ -109,7 +109,7 @@ class CudaBackend(ModelBackend):
         check_io(self.session, entry, path)
         self.kv_names = entry["io"]["kv"]
         self._slot_bytes = self.heads * self.kv_slots * self.head_dim * ITEM_BYTES[self.dtype]
-        rows = max_batch * max(max_step, width, 2)           # the largest call: every row at max_step tokens
+        rows = max_batch * (max(max_step, width, 2) + 1)     # the largest call, + 1 column: pad_call evens odd calls
         need = 2 * self.num_layers * max_batch * self._slot_bytes + rows * (3 * 8 + 8 + 4 * self.vocab_columns)
         try:
             shape = [max_batch, self.heads, self.kv_slots, self.head_dim]

@@ -160,7 +160,7 @@ class TensorRtBackend(ModelBackend):
         self._handle = stream_handle(self.stream)
         self.engine = self._load_engine(root / model["file"], model)
         self.id_dtype = self._check_io(entry)
-        self._allocate(rows=max_batch * max(max_step, width, 2))
+        self._allocate(rows=max_batch * (max(max_step, width, 2) + 1))    # + 1: pad_call evens odd calls
 
     # -- load -----------------------------------------------------------------------------
     def _load_engine(self, file: Path, model: dict):

@@ -22,7 +22,6 @@ acceptance, and which runs produced the same tokens as their own engine's target
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,14 +29,9 @@ import time
 
 import httpx
 
+from specedge.bench.serve import free_port
 from specedge.prompts import BUILTIN_PROMPTS
 from specedge.runtime import load
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LlamaServer:

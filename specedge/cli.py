@@ -21,7 +21,7 @@ target_rows_option = click.option(
     "--target-rows", default="auto", show_default=True, type=click.Choice(["auto", "1", "2"]),
     help="Rows a lone target token runs as. auto: the fastest that keeps speculative greedy output identical "
          "to target-only output on this CPU; 1: always one row (faster plain decoding where auto picks 2, but "
-         "no longer exact against speculation there); 2: always padded.")
+         "no longer exact against speculation there); 2: rows in pairs (a lone token, an odd call padded).")
 backend_option = click.option(
     "--backend", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda", "tensorrt", "auto"]),
     help="Where the models run: cpu (onnxruntime CPU provider), cuda (onnxruntime-gpu; bundles exported with "

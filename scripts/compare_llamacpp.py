@@ -45,7 +45,10 @@ class LlamaServer:
         if draft:
             command += ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_max)]
         self.log = open(f"/tmp/llama-server-{self.port}.log", "w")
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        libraries = os.path.dirname(os.path.abspath(binary))         # a build's shared libraries sit beside it
+        paths = [libraries, os.environ.get("LD_LIBRARY_PATH")]
+        env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(p for p in paths if p)}
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.url = f"http://127.0.0.1:{self.port}"
         self.client = httpx.Client(base_url=self.url, timeout=600)
         try:

@@ -25,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -44,7 +45,7 @@ class LlamaServer:
                    "-tb", str(threads), "-c", str(ctx), "-np", str(parallel), "--no-cache-prompt", "--no-webui"]
         if draft:
             command += ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_max)]
-        self.log = open(f"/tmp/llama-server-{self.port}.log", "w")
+        self.log = tempfile.NamedTemporaryFile("w", prefix="llama-server-", suffix=".log", delete=False)
         libraries = os.path.dirname(os.path.abspath(binary))         # a build's shared libraries sit beside it
         paths = [libraries, os.environ.get("LD_LIBRARY_PATH")]
         env = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(p for p in paths if p)}
@@ -54,7 +55,7 @@ class LlamaServer:
         try:
             self._wait_ready(300)
         except BaseException:
-            self.close()
+            self.close(keep_log=True)
             raise
 
     def _wait_ready(self, seconds: float) -> None:
@@ -83,7 +84,8 @@ class LlamaServer:
                 "server_seconds": (timings["prompt_ms"] + timings["predicted_ms"]) / 1000,
                 "drafted": timings.get("draft_n", 0), "accepted": timings.get("draft_n_accepted", 0)}
 
-    def close(self) -> None:
+    def close(self, keep_log: bool = False) -> None:
+        """Stops the server; its log is removed unless it explains a failed start."""
         self.process.terminate()
         try:
             self.process.wait(30)
@@ -91,6 +93,8 @@ class LlamaServer:
             self.process.kill()
         self.client.close()
         self.log.close()
+        if not keep_log:
+            os.unlink(self.log.name)
 
 
 def specedge_runner(gen, options: dict):

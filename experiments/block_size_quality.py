@@ -1,0 +1,86 @@
+"""How close int4 bundles stay to their source on real text: perplexity and top-1 agreement, teacher-forced.
+
+    python experiments/block_size_quality.py SOURCE.gguf BUNDLE [BUNDLE ...] [--tokens 1024] [--windows 2]
+
+The text is this repository's own Python source (specedge/runtime/*.py, sorted, concatenated), cut into --windows
+windows of --tokens tokens. The reference is transformers on the source dequantized to float32 (what the export
+check calls the source model); each bundle's target reads the same windows through its step graph (prefill in
+chunks, the logits of every row). Prints per model: perplexity of the text, top-1 agreement with the reference,
+and the mean over positions of the largest |logit difference|.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def text_ids(tokenizer, tokens: int, windows: int) -> list[list[int]]:
+    files = sorted(Path("specedge/runtime").glob("*.py"))
+    ids = tokenizer.encode("\n".join(f.read_text() for f in files)).ids
+    if len(ids) < tokens * windows:
+        raise SystemExit(f"the text has {len(ids)} tokens, fewer than {tokens} x {windows}")
+    return [ids[i * tokens: (i + 1) * tokens] for i in range(windows)]
+
+
+def bundle_logits(bundle: Path, window: list[int]) -> np.ndarray:
+    from specedge.runtime.backends import open_backend
+    from specedge.runtime.backends.base import SlotCursor
+    from specedge.runtime.row_check import choose_min_rows
+
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    entry = manifest["models"]["target"]
+    backend = open_backend("cpu", bundle / entry["file"], entry, manifest["max_seq_len"], max_step=64)
+    choose_min_rows(backend, manifest["vocab_size"])
+    cursor, rows = SlotCursor(backend), []
+    for at in range(0, len(window), 64):
+        chunk = window[at: at + 64]
+        rows.append(cursor.feed(chunk, last=len(chunk)).copy())
+    return np.concatenate(rows)[:, : manifest["vocab_size"]]
+
+
+def reference_logits(source: str, windows: list[list[int]]) -> list[np.ndarray]:
+    import torch
+    import transformers
+
+    path = Path(source)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                              torch_dtype=torch.float32)
+    with torch.no_grad():
+        return [model(torch.tensor([w])).logits[0].float().numpy() for w in windows]
+
+
+def scores(logits: np.ndarray, window: list[int], reference: np.ndarray) -> tuple[float, float, float]:
+    shifted = logits[:-1] - logits[:-1].max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    nll = -log_probs[np.arange(len(window) - 1), window[1:]].mean()
+    agree = float((logits.argmax(-1) == reference.argmax(-1)).mean())
+    return float(nll), agree, float(np.abs(logits - reference).max(-1).mean())
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("source")
+    parser.add_argument("bundles", nargs="+")
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--windows", type=int, default=2)
+    args = parser.parse_args(argv)
+    from tokenizers import Tokenizer
+
+    windows = text_ids(Tokenizer.from_file(str(Path(args.bundles[0]) / "tokenizer.json")), args.tokens, args.windows)
+    references = reference_logits(args.source, windows)
+    models = {"source (float32)": references}
+    for bundle in args.bundles:
+        models[Path(bundle).name] = [bundle_logits(Path(bundle), w) for w in windows]
+    print(f"{len(windows)} windows x {args.tokens} tokens of specedge/runtime/*.py")
+    for name, logits in models.items():
+        nll, agree, diff = (np.mean(v) for v in zip(*(scores(lg, w, ref)
+                                                      for lg, w, ref in zip(logits, windows, references))))
+        print(f"{name:<20} perplexity {np.exp(nll):7.4f}  top-1 agreement with the source {agree:.4f}  "
+              f"mean max |logit diff| {diff:.3f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -10,7 +10,6 @@ and the mean over positions of the largest |logit difference|.
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,20 +24,20 @@ def text_ids(tokenizer, tokens: int, windows: int) -> list[list[int]]:
     return [ids[i * tokens: (i + 1) * tokens] for i in range(windows)]
 
 
-def bundle_logits(bundle: Path, window: list[int]) -> np.ndarray:
-    from specedge.runtime.backends import open_backend
+def bundle_logits(bundle: Path, windows: list[list[int]]) -> list[np.ndarray]:
+    """[tokens, V] per window: the target's logits of every row, fed a chunk (its max_step) at a time."""
+    from specedge.runtime import load
     from specedge.runtime.backends.base import SlotCursor
-    from specedge.runtime.row_check import choose_min_rows
 
-    manifest = json.loads((bundle / "manifest.json").read_text())
-    entry = manifest["models"]["target"]
-    backend = open_backend("cpu", bundle / entry["file"], entry, manifest["max_seq_len"], max_step=64)
-    choose_min_rows(backend, manifest["vocab_size"])
-    cursor, rows = SlotCursor(backend), []
-    for at in range(0, len(window), 64):
-        chunk = window[at: at + 64]
-        rows.append(cursor.feed(chunk, last=len(chunk)).copy())
-    return np.concatenate(rows)[:, : manifest["vocab_size"]]
+    gen = load(bundle, prompt_cache=False)                   # single steps as one or two rows, as the probe chose
+    step, out = gen.target.max_step, []
+    for window in windows:
+        cursor, rows = SlotCursor(gen.target), []
+        for at in range(0, len(window), step):
+            chunk = window[at: at + step]
+            rows.append(cursor.feed(chunk, last=len(chunk)).copy())
+        out.append(np.concatenate(rows)[:, : gen.vocab_size])
+    return out
 
 
 def reference_logits(source: str, windows: list[list[int]]) -> list[np.ndarray]:
@@ -73,7 +72,7 @@ def main(argv: list[str]) -> None:
     references = reference_logits(args.source, windows)
     models = {"source (float32)": references}
     for bundle in args.bundles:
-        models[Path(bundle).name] = [bundle_logits(Path(bundle), w) for w in windows]
+        models[Path(bundle).name] = bundle_logits(Path(bundle), windows)
     print(f"{len(windows)} windows x {args.tokens} tokens of specedge/runtime/*.py")
     for name, logits in models.items():
         nll, agree, diff = (np.mean(v) for v in zip(*(scores(lg, w, ref)

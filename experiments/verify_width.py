@@ -9,17 +9,14 @@ ratio to T = 1 (single steps as one or two rows, as the load probe chooses: `min
 """
 
 import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from specedge.runtime.backends import open_backend
+from specedge.runtime import load
 from specedge.runtime.backends.base import SlotCursor
-from specedge.runtime.row_check import choose_min_rows
 
 
 def main(argv: list[str]) -> None:
@@ -30,14 +27,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", default="target", choices=["target", "draft"])
     args = parser.parse_args(argv)
-    bundle = Path(args.bundle)
-    manifest = json.loads((bundle / "manifest.json").read_text())
-    entry = manifest["models"][args.model]
-    backend = open_backend("cpu", bundle / entry["file"], entry, manifest["max_seq_len"], max_step=16)
+    gen = load(args.bundle, prompt_cache=False)                # single steps as one or two rows, as the probe chose
+    backend = gen.target if args.model == "target" else gen.draft
     step = SlotCursor(backend)
-    choose_min_rows(backend, manifest["vocab_size"])          # as load() does; 1 where a lone row is exact
     widths = [int(w) for w in args.widths.split(",")]
-    ids = np.random.default_rng(0).integers(0, manifest["vocab_size"], size=100 + max(widths)).tolist()
+    ids = np.random.default_rng(0).integers(0, gen.vocab_size, size=100 + max(widths)).tolist()
     step.pos = 0
     step.feed(ids[:100], last=1)
     ms = {w: [] for w in widths}

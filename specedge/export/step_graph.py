@@ -300,11 +300,12 @@ class StepGraph:
         eps = b.const(self.spec.norm_eps, dtype="float32", hint="eps", keep=True)
         return b.from_float32(b.op("Mul", b.op("Div", x, b.op("Sqrt", b.op("Add", variance, eps))), w))
 
-    def layer_norm(self, x: str, name: str, weight: np.ndarray, bias: np.ndarray) -> str:
-        """LayerNorm over x's last axis (weight and bias [that width], named name.weight / name.bias); in float32
-        whatever the graph's dtype."""
-        b = self.b
-        w, bias = b.weight(f"{name}.weight", weight, keep=True), b.weight(f"{name}.bias", bias, keep=True)
+    def layer_norm(self, x: str, name: str, weights) -> str:
+        """LayerNorm over x's last axis (the hidden size), its weight and bias taken from the WeightTable as
+        name.weight / name.bias; in float32 whatever the graph's dtype."""
+        b, e = self.b, self.spec.hidden_size
+        w = b.weight(f"{name}.weight", weights.take(f"{name}.weight", (e,)), keep=True)
+        bias = b.weight(f"{name}.bias", weights.take(f"{name}.bias", (e,)), keep=True)
         return b.from_float32(b.op("LayerNormalization", b.to_float32(x), w, bias, axis=-1,
                                    epsilon=self.spec.norm_eps))
 

@@ -36,9 +36,6 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         weight = weights.take(f"{prefix}.weight", (n_in, n_out))
         return graph.linear(x, prefix, weight.T, weights.take(f"{prefix}.bias", (n_out,)))
 
-    def layer_norm(x: str, prefix: str) -> str:
-        return graph.layer_norm(x, prefix, weights.take(f"{prefix}.weight", (e,)), weights.take(f"{prefix}.bias", (e,)))
-
     wte_rows = weights.take("transformer.wte.weight", (spec.vocab_rows, e))[: spec.vocab_size]
     tokens, wte = graph.embedding("transformer.wte.weight", wte_rows, graph.ids)
     del wte_rows                                        # read again for the head (not held through the layers)
@@ -50,11 +47,12 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
     x = b.op("Add", tokens, b.op("Gather", wpe, positions))                           # [B, T, E]
     for i in range(spec.num_layers):
         p = f"transformer.h.{i}"
-        qkv = conv1d(layer_norm(x, f"{p}.ln_1"), f"{p}.attn.c_attn", e, 3 * e)
+        qkv = conv1d(graph.layer_norm(x, f"{p}.ln_1", weights), f"{p}.attn.c_attn", e, 3 * e)
         context = graph.attention(i, qkv)
         x = b.op("Add", x, conv1d(context, f"{p}.attn.c_proj", e, e))
-        h = graph.gelu(conv1d(layer_norm(x, f"{p}.ln_2"), f"{p}.mlp.c_fc", e, f), exact=spec.activation == "gelu")
+        h = conv1d(graph.layer_norm(x, f"{p}.ln_2", weights), f"{p}.mlp.c_fc", e, f)
+        h = graph.gelu(h, exact=spec.activation == "gelu")
         x = b.op("Add", x, conv1d(h, f"{p}.mlp.c_proj", f, e))
     weights.drop("lm_head.weight")
     head = weights.again("transformer.wte.weight", (spec.vocab_rows, e))[: spec.vocab_size]
-    graph.logits(layer_norm(x, "transformer.ln_f"), head, tied_embedding=wte)
+    graph.logits(graph.layer_norm(x, "transformer.ln_f", weights), head, tied_embedding=wte)

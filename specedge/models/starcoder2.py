@@ -38,20 +38,17 @@ def build(graph, spec: ModelSpec, weights: WeightTable) -> None:
         bias = weights.take(f"{prefix}.bias", (n_out,)) if spec.mlp_bias else None
         return prefix, weights.take(f"{prefix}.weight", (n_out, n_in)), bias
 
-    def layer_norm(x: str, prefix: str) -> str:
-        return graph.layer_norm(x, prefix, weights.take(f"{prefix}.weight", (e,)), weights.take(f"{prefix}.bias", (e,)))
-
     embed_rows = weights.take("model.embed_tokens.weight", (spec.vocab_rows, e))[: spec.vocab_size]
     x, embed = graph.embedding("model.embed_tokens.weight", embed_rows, graph.ids)    # [B, T, E]
     del embed_rows
     for i in range(spec.num_layers):
         p = f"model.layers.{i}"
-        h = layer_norm(x, f"{p}.input_layernorm")
+        h = graph.layer_norm(x, f"{p}.input_layernorm", weights)
         qkv = graph.fused_linear(h, f"{p}.self_attn.qkv_proj", [part(f"{p}.self_attn.{name}_proj", e, n)
                                                                 for name, n in (("q", q_out), ("k", kv_out),
                                                                                 ("v", kv_out))])
         context = graph.attention(i, qkv)
         x = b.op("Add", x, graph.linear(context, *part(f"{p}.self_attn.o_proj", q_out, e)))
-        h = graph.linear(layer_norm(x, f"{p}.post_attention_layernorm"), *part(f"{p}.mlp.c_fc", e, f))
+        h = graph.linear(graph.layer_norm(x, f"{p}.post_attention_layernorm", weights), *part(f"{p}.mlp.c_fc", e, f))
         x = b.op("Add", x, graph.linear(graph.gelu(h, exact=spec.activation == "gelu"), *part(f"{p}.mlp.c_proj", f, e)))
-    lm_head(graph, spec, weights, layer_norm(x, "model.norm"), embed)
+    lm_head(graph, spec, weights, graph.layer_norm(x, "model.norm", weights), embed)

@@ -3,7 +3,8 @@
     python scripts/compare_bundles.py BUNDLE_A BUNDLE_B [...] --policies target,heuristic --repeat 3
 
 Every round runs each bundle's policies once on the built-in prompts, bundles alternating, so machine
-drift hits all alike; prints the median tokens/s per bundle and policy, and the ratio to the first bundle.
+drift hits all alike; prints the median tokens/s per bundle and policy, the ratio to the first bundle, and the
+mean accepted length (tokens a verify call commits; greedy, so the same every round).
 All bundles stay loaded at once: mind their memory.
 """
 
@@ -26,21 +27,24 @@ def main(argv: list[str]) -> None:
     policies = args.policies.split(",")
     gens = [load(b) for b in args.bundles]
     tps = {(b, p): [] for b in args.bundles for p in ["target"] + policies}
+    accepted = {}
     identical = {key: True for key in tps}
     for r in range(args.repeat):
         for bundle, gen in zip(args.bundles, gens):
             result = run_bench(gen, BUILTIN_PROMPTS, policies, max_new_tokens=args.max_new_tokens)
             for name, entry in result["policies"].items():
                 tps[(bundle, name)].append(entry["tok_per_s"])
+                accepted[(bundle, name)] = entry["mean_accepted_length"]
                 identical[(bundle, name)] &= entry["identical_to_target"] is True
             print(f"round {r + 1}/{args.repeat}: {bundle} done", file=sys.stderr)
     first = args.bundles[0]
-    print(f"{'bundle':<40} {'policy':<11} {'tok/s':>7} {'vs first':>8} {'same as its target':>18}")
+    print(f"{'bundle':<40} {'policy':<11} {'tok/s':>7} {'vs first':>8} {'accepted':>8} {'same as its target':>18}")
     for (bundle, name), values in tps.items():
         median = statistics.median(values)
         ratio = median / statistics.median(tps[(first, name)])
         same = "yes" if identical[(bundle, name)] else "NO"
-        print(f"{bundle:<40} {name:<11} {median:7.2f} {ratio:7.2f}x {same:>18}   per round {['%.2f' % v for v in values]}")
+        print(f"{bundle:<40} {name:<11} {median:7.2f} {ratio:7.2f}x {accepted[(bundle, name)]:8.2f} {same:>18}   "
+              f"per round {['%.2f' % v for v in values]}")
 
 
 if __name__ == "__main__":

@@ -2,10 +2,13 @@
 does a call cost per row count? Decides whether a quantized target's single steps need two rows.
 
     python scripts/matmul_nbits_rows.py [--variants 4:32:4,4:16:4,4:32:0,4:32:1,4:128:4,8:32:4] [--symmetric]
+                                        [--float-zero-points]
 
 A variant is bits:block_size:accuracy_level. Exactness on a 1536x8960 layer (6 rows, each also run
 alone); cost on a chain of 20 distinct such layers (~170 MB at int4, beyond L3), median of 9, in ms per
-layer for 1, 2, 5 and 8 rows. Needs the machine to itself for the costs.
+layer for 1, 2, 5 and 8 rows. Needs the machine to itself for the costs. --symmetric also runs each variant
+without zero points, --float-zero-points with zero points in the scales' type (what carrying a GGUF's Q4_K
+minimums would need; the same values, so the same results).
 """
 import argparse
 import time
@@ -21,9 +24,15 @@ rng = np.random.default_rng(0)
 W = (rng.standard_normal((N, K)) * 0.02).astype(np.float32)
 
 
-def session(bits: int, block: int, level: int, symmetric: bool, layers: int) -> ort.InferenceSession:
+def session(bits: int, block: int, level: int, zero_points_as: str, layers: int) -> ort.InferenceSession:
+    """zero_points_as: "uint8" (packed, as exported), "float" (the scales' type) or "none" (symmetric)."""
     codes, scales, zero_points = quantize(W, Quantization(bits=bits, block_size=block, accuracy_level=level))
-    parts = (("w", codes), ("s", scales)) + ((("z", zero_points),) if not symmetric else ())
+    if zero_points_as == "float":
+        blocks = codes.shape[1]
+        packed = zero_points.reshape(N, -1)
+        unpacked = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(N, -1) if bits == 4 else packed
+        zero_points = unpacked[:, :blocks].astype(np.float32).reshape(-1)
+    parts = (("w", codes), ("s", scales)) + ((("z", zero_points),) if zero_points_as != "none" else ())
     nodes, inits, x = [], [], "x"
     for i in range(layers):                      # rolled rows: distinct tensors, the same cost
         inits += [numpy_helper.from_array(np.roll(a, i, axis=0), f"{name}{i}") for name, a in parts]
@@ -67,12 +76,15 @@ def costs(s: ort.InferenceSession) -> list[float]:
 parser = argparse.ArgumentParser()
 parser.add_argument("--variants", default="4:32:4,4:16:4,4:32:0,4:32:1,4:128:4,8:32:4")
 parser.add_argument("--symmetric", action="store_true", help="also without zero points")
+parser.add_argument("--float-zero-points", action="store_true", help="also with float zero points")
 args = parser.parse_args()
+kinds = ["uint8"] + ["none"] * args.symmetric + ["float"] * args.float_zero_points
 for variant in args.variants.split(","):
     bits, block, level = (int(v) for v in variant.split(":"))
-    for symmetric in (False, True) if args.symmetric else (False,):
-        exact, diff = one_row_exact(session(bits, block, level, symmetric, 1))
-        per_rows = costs(session(bits, block, level, symmetric, LAYERS))
-        print(f"int{bits} block {block:3} level {level}{' symmetric' if symmetric else ''}: one row "
+    for kind in kinds:
+        exact, diff = one_row_exact(session(bits, block, level, kind, 1))
+        per_rows = costs(session(bits, block, level, kind, LAYERS))
+        label = {"uint8": "", "none": " symmetric", "float": " float zero points"}[kind]
+        print(f"int{bits} block {block:3} level {level}{label}: one row "
               f"{'bitwise equal' if exact else f'differs (max {diff:.1e})'}; ms per layer "
               + " ".join(f"{r} rows {c:.3f}" for r, c in zip(ROWS, per_rows)), flush=True)

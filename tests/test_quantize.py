@@ -34,22 +34,67 @@ def _matmul_nbits(a: np.ndarray, w: np.ndarray, q: Quantization) -> np.ndarray:
     return session.run(None, {"a": a})[0]
 
 
+@pytest.mark.parametrize("rounding", ["minmax", "lsq"])
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("k,block", [(64, 32), (96, 32), (100, 32), (80, 16), (256, 128)])
-def test_packing_matches_matmulnbits(bits, k, block):
+def test_packing_matches_matmulnbits(bits, k, block, rounding):
     """96/32 has an odd block count (a half-filled zero-point byte in int4); 100 is not a multiple of 32."""
     rng = np.random.default_rng(bits * 1000 + k)
     w = rng.normal(size=(24, k)).astype(np.float32)
     w[3] = np.abs(w[3])                                 # a row with no negative values: zero point at 0
     w[5] = 0.0                                          # an all-zero row
     a = rng.normal(size=(5, k)).astype(np.float32)
-    q = Quantization(bits, block, accuracy_level=0)
+    q = Quantization(bits, block, accuracy_level=0, rounding=rounding)
     w_deq = dequantize(*quantize(w, q), k, q)
     np.testing.assert_allclose(_matmul_nbits(a, w, q), a @ w_deq.T, atol=1e-4, rtol=1e-4)
-    # the rounding error stays within half a quantization step of its block
-    step = (np.maximum(w.max(), 0) - np.minimum(w.min(), 0)) / (2 ** bits - 1)
-    assert np.abs(w - w_deq).max() <= step / 2 + 1e-6
     assert np.all(w_deq[5] == 0)
+    if rounding == "minmax":                            # within half a step of its block (lsq may clip outliers)
+        step = (np.maximum(w.max(), 0) - np.minimum(w.min(), 0)) / (2 ** bits - 1)
+        assert np.abs(w - w_deq).max() <= step / 2 + 1e-6
+
+
+def _block_errors(w, q, weighted):
+    """[N, blocks] squared error of each block, weighted as the least-squares fit weighs it (or not)."""
+    n, k = w.shape
+    x = w.reshape(n, k // q.block_size, q.block_size)
+    error = np.square(dequantize(*quantize(w, q), k, q).reshape(x.shape) - x)
+    if weighted:
+        error *= np.sqrt(np.square(x).mean(-1, keepdims=True)) + np.abs(x)
+    return error.sum(-1)
+
+
+@pytest.mark.filterwarnings("error")                    # an all-zero block once divided 0 by 0
+@pytest.mark.parametrize("bits", [4, 8])
+def test_least_squares_rounding_never_worse_than_minmax_per_block(bits):
+    """Each block keeps the best fit it met, starting from min-max's: its weighted error can only fall; overall
+    the plain error falls too, on weights shaped like a model's (heavy tails). On a real Q4_K layer the plain
+    error fell 9% (experiments/int4_rounding.py)."""
+    rng = np.random.default_rng(bits)
+    w = (rng.standard_t(5, size=(64, 256)) * 0.02).astype(np.float32)
+    w[7, :32] = 0.0                                     # an all-zero block
+    w[9, 32:64] = 0.5                                   # one repeated value: no line to fit
+    lsq, minmax = Quantization(bits, 32, rounding="lsq"), Quantization(bits, 32, rounding="minmax")
+    assert np.all(_block_errors(w, lsq, True) <= _block_errors(w, minmax, True) * (1 + 1e-5) + 1e-12)
+    # measured 0.94 / 0.92 (weighted) and 0.96 (plain) of min-max's at int4 / int8
+    assert _block_errors(w, lsq, True).sum() < 0.96 * _block_errors(w, minmax, True).sum()
+    assert _block_errors(w, lsq, False).sum() < 0.98 * _block_errors(w, minmax, False).sum()
+    restored = dequantize(*quantize(w, lsq), 256, lsq)
+    assert np.all(restored[7, :32] == 0)
+    np.testing.assert_allclose(restored[9, 32:64], 0.5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("rounding", ["minmax", "lsq"])
+def test_quantize_in_row_slices_equals_whole(monkeypatch, rounding):
+    """quantize() runs slices of rows on several threads: the result must not depend on the slicing."""
+    import specedge.export.quantize as quantize_module
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(70, 96)).astype(np.float32)
+    q = Quantization(4, 32, rounding=rounding)
+    whole = quantize(w, q)
+    monkeypatch.setattr(quantize_module, "THREAD_ROWS", 16)
+    for together, sliced in zip(whole, quantize(w, q)):
+        np.testing.assert_array_equal(together, sliced)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -94,14 +139,15 @@ def test_gather_block_quantized_returns_our_dequantized_rows(bits, k):
 def test_bad_quantization_options():
     assert parse_quantization("none", 32, 4) is None
     for args, message in [(("int3", 32, 4), "unknown quantization"), (("int4", 24, 4), "block-size"),
-                          (("int4", 8, 4), "block-size"), (("int8", 32, 7), "accuracy-level")]:
+                          (("int4", 8, 4), "block-size"), (("int8", 32, 7), "accuracy-level"),
+                          (("int4", 32, 4, "round"), "--rounding must be one of minmax, lsq")]:
         with pytest.raises(ExportError, match=message):
             parse_quantization(*args)
 
 
 @pytest.fixture(scope="module")
 def quantized_bundles(workdir):
-    """The same qwen2 target and perturbed draft, exported three ways."""
+    """The same qwen2 target and perturbed draft, exported several ways."""
     target = tm.make_model("qwen2", TARGET_ROWS, seed=1)
     draft = tm.perturbed(target, seed=3, noise=0.01)
     tok = tm.byte_tokenizer()
@@ -111,6 +157,7 @@ def quantized_bundles(workdir):
         "int8-acc0": _export(workdir, "q-int8-acc0", target, draft, tok, quantize="int8", accuracy_level=0,
                              quantize_embeddings=False),
         "int4-embed": _export(workdir, "q-int4-embed", target, draft, tok, quantize="int4", quantize_embeddings=True),
+        "int4-lsq": _export(workdir, "q-int4-lsq", target, draft, tok, quantize="int4", rounding="lsq"),
         "int8-embed-untied": _export(workdir, "q-int8-embed-untied", tm.make_model("llama", TARGET_ROWS, seed=1),
                                      tm.make_model("llama", TARGET_ROWS, seed=1), tok, draft_quantize="int8",
                                      accuracy_level=0, quantize_embeddings=True),
@@ -129,8 +176,10 @@ def test_manifest_records_quantization_and_its_cost(quantized_bundles):
     assert draft["weights"] == "int4"
     # embeddings of a quantized model are quantized by default; an fp32 model keeps its table
     assert draft["quantization"] == {"scheme": "int4", "op": "com.microsoft.MatMulNBits", "bits": 4,
-                                     "block_size": 32, "accuracy_level": 4, "embedding": True}
+                                     "block_size": 32, "accuracy_level": 4, "rounding": "minmax", "embedding": True}
     assert draft["embedding_bytes"] < 0.2 * 4 * TARGET_ROWS * 64 == 0.2 * models["target"]["embedding_bytes"]
+    lsq = _manifest(quantized_bundles["int4-lsq"])["models"]
+    assert all(m["quantization"]["rounding"] == "lsq" for m in lsq.values())
     opted_out = _manifest(quantized_bundles["int8-acc0"])["models"]      # quantize_embeddings=False
     assert all(m["quantization"]["embedding"] is False and m["embedding_bytes"] == 4 * TARGET_ROWS * 64
                for m in opted_out.values())
@@ -239,7 +288,8 @@ def test_quantize_embeddings_needs_a_quantized_model(workdir):
     assert not (workdir / "q-embed-fp32").exists()
 
 
-@pytest.mark.parametrize("name", ["int4-draft", "int4-both", "int8-acc0", "int4-embed", "int8-embed-untied"])
+@pytest.mark.parametrize("name", ["int4-draft", "int4-both", "int8-acc0", "int4-embed", "int8-embed-untied",
+                                  "int4-lsq"])
 @pytest.mark.parametrize("k", [2, 4, 8])
 def test_quantized_greedy_equals_target_greedy(quantized_bundles, name, k):
     gen = load(quantized_bundles[name])

@@ -13,6 +13,7 @@ import click
 
 from specedge.errors import NoDraftModel, OptionError, SpecedgeError
 from specedge.interrupts import InterruptWatch
+from specedge.limits import MAX_DRAFT_LIMIT, MAX_THREADS, MIN_SEQ_LEN
 
 EXIT_USAGE, EXIT_FAILURE, EXIT_INTERRUPTED = 2, 1, 130
 
@@ -37,8 +38,8 @@ def gpu_options(command):
     return device_id_option(cuda_graphs_option(command))
 
 
-threads_option = click.option("--threads", default=None, type=click.IntRange(min=1),
-                              help="onnxruntime intra-op threads (default: all cores).")
+threads_option = click.option("--threads", default=None, type=click.IntRange(1, MAX_THREADS),
+                              help="onnxruntime intra-op threads (default: all cores; at most 4x the cores).")
 POSITIVE = click.IntRange(min=1)
 NON_NEGATIVE = click.IntRange(min=0)
 SEED = click.IntRange(0, 2**63 - 1)
@@ -54,8 +55,10 @@ def cli():
 @click.option("--target", required=True, help="Target model: Hugging Face folder, hub id, or .gguf file.")
 @click.option("--draft", required=True, help="Draft model (same vocabulary), or 'none' for a target-only bundle.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Bundle folder to write.")
-@click.option("--max-seq-len", default=2048, show_default=True, type=POSITIVE, help="KV buffer length (prompt + output).")
-@click.option("--max-draft", default=8, show_default=True, type=POSITIVE, help="Largest k the runtime may use.")
+@click.option("--max-seq-len", default=2048, show_default=True, type=click.IntRange(min=MIN_SEQ_LEN),
+              help="KV buffer length (prompt + output).")
+@click.option("--max-draft", default=8, show_default=True, type=click.IntRange(1, MAX_DRAFT_LIMIT),
+              help="Largest k the runtime may use.")
 @click.option("--tolerance", type=click.FloatRange(min=0), default=None,
               help="Max logit error allowed in the export check.")
 @click.option("--quantize", default="none", show_default=True, type=click.Choice(["none", "int4", "int8"]),
@@ -66,6 +69,9 @@ def cli():
               help="Quantization block size along K.")
 @click.option("--accuracy-level", default=4, show_default=True, type=click.IntRange(0, 4),
               help="MatMulNBits compute: 4 = int8 activations (fast, rows independent), 0 = float.")
+@click.option("--rounding", default="minmax", show_default=True, type=click.Choice(["minmax", "lsq"]),
+              help="How quantized blocks pick scale and zero point: minmax = the block's range; lsq = weighted "
+                   "least squares (closer to the source's logits, not its perplexity; slower to export).")
 @click.option("--attention", default=None, type=click.Choice(["gqa", "standard"]),
               help="Step-graph attention: gqa = GroupQueryAttention in place, valid length only, one row per call; "
                    "standard = standard ONNX ops (TensorScatter in place), batches of any size, the GPU backends "
@@ -78,7 +84,7 @@ def cli():
                    "backends only, fp16 on the CPU provider too; checked through a float32 copy plus a dtype audit.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
 def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draft_quantize, block_size,
-           accuracy_level, attention, quantize_embeddings, dtype, force):
+           accuracy_level, rounding, attention, quantize_embeddings, dtype, force):
     """Export a target and a draft model into a bundle."""
     try:
         from specedge.export import export_bundle
@@ -93,7 +99,7 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
         export_bundle(target, draft, out, max_seq_len=max_seq_len, max_draft=max_draft, tolerance=tolerance,
                       force=force, progress=lambda line: click.echo(line, err=True), quantize=quantize,
                       draft_quantize=draft_quantize, block_size=block_size, accuracy_level=accuracy_level,
-                      attention=attention, quantize_embeddings=quantize_embeddings, dtype=dtype)
+                      rounding=rounding, attention=attention, quantize_embeddings=quantize_embeddings, dtype=dtype)
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, before)
@@ -174,7 +180,7 @@ def generate(bundle, prompt, chat, suffix, max_new_tokens, temperature, top_k, t
         options["k"] = 0 if no_draft else k          # else the runtime's default, capped by the bundle's max_draft
     if as_json:
         result = gen.generate(prompt, suffix=suffix, **options)
-        click.echo(json.dumps(result.to_json(gen.decode), ensure_ascii=False))
+        click.echo(json.dumps(result.to_json(gen.decode), ensure_ascii=not _utf8(sys.stdout)))   # lossless either way
         return
     stream = gen.stream(prompt, suffix=suffix, **options)
     for piece in stream:
@@ -451,6 +457,9 @@ def _embedding_line(model: dict) -> str:
 
 def main(argv=None) -> int:
     interrupt = InterruptWatch()
+    for stream in (sys.stdout, sys.stderr):
+        if not _utf8(stream) and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")   # a cp1252 console or file: what it cannot show prints as '?'
     try:
         cli.main(args=argv, prog_name="specedge", standalone_mode=False)
     except BaseException as err:  # noqa: BLE001 - each kind gets its line and exit code; the rest is re-raised
@@ -458,6 +467,10 @@ def main(argv=None) -> int:
     finally:
         interrupt.restore()
     return 0
+
+
+def _utf8(stream) -> bool:
+    return (getattr(stream, "encoding", None) or "").lower().replace("-", "").replace("_", "") == "utf8"
 
 
 def _report(err: BaseException, interrupted: bool) -> int:
@@ -510,7 +523,8 @@ def _serve_extra(err: ImportError) -> SpecedgeError:
 @click.option("--max-queue", default=64, show_default=True, type=NON_NEGATIVE,
               help="Requests that may wait for a slot; beyond them a request gets 429 with Retry-After.")
 @click.option("--api-key", default=None, envvar="SPECEDGE_API_KEY",
-              help="Require 'Authorization: Bearer KEY' on /v1/* (also read from SPECEDGE_API_KEY).")
+              help="Require 'Authorization: Bearer KEY' on every route but /health and /metrics (also read from "
+                   "SPECEDGE_API_KEY).")
 @click.option("--served-model-name", default=None, help="The model id clients send [default: the bundle folder's name].")
 @click.option("--policy", default=None,
               help="Default speculation (a request may override it): fixed:K | heuristic | adaptive | adaptive:stop | "

@@ -234,10 +234,10 @@ def test_a_manifest_that_lies_about_a_dtype_is_refused(bundle_copy):
 
 
 def _heads(manifest, n):
-    """Every KV size of the target, in kv and in each KV input and output, set to n heads: the manifest agrees
+    """Every KV size of the target, in spec, kv and each KV input and output, set to n heads: the manifest agrees
     with itself and not with the graph."""
     model = manifest["models"]["target"]
-    model["kv"]["num_kv_heads"] = n
+    model["kv"]["num_kv_heads"] = model["spec"]["num_kv_heads"] = n
     for names in model["io"]["kv"]:
         for name in names:
             side = model["io"]["inputs"] if name in model["io"]["inputs"] else model["io"]["outputs"]

@@ -9,8 +9,9 @@ import pytest
 import tiny_models as tm
 
 
-def specedge(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "specedge.cli", *args], capture_output=True, text=True, timeout=300)
+def specedge(*args, check=True, env=None):
+    proc = subprocess.run([sys.executable, "-m", "specedge.cli", *args], capture_output=True, text=True, timeout=300,
+                          env=env)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -42,6 +43,23 @@ def test_inspect(cli_bundle):
     assert "verify_rows_bitwise_equal_here" not in manifest
     checked = json.loads(specedge("inspect", str(cli_bundle), "--json", "--verify").stdout)
     assert checked["verify_rows_bitwise_equal_here"] is True and checked["target_min_rows_here"] == 1
+
+
+def test_output_to_a_stream_that_is_not_utf8(cli_bundle):
+    """Windows writes redirected output as cp1252: text it lacks prints as '?', and --json stays lossless (ASCII
+    escapes) instead of a UnicodeEncodeError traceback."""
+    import os
+
+    args = ["generate", str(cli_bundle), "--prompt", "世界 ", "--max-new-tokens", "12", "--ignore-eos", "--no-draft"]
+    utf8 = json.loads(specedge(*args, "--json").stdout)
+    cp1252 = {**os.environ, "PYTHONIOENCODING": "cp1252"}
+    raw = subprocess.run([sys.executable, "-m", "specedge.cli", *args, "--json"], capture_output=True, timeout=300,
+                         env=cp1252)
+    assert raw.returncode == 0 and raw.stdout.isascii(), raw.stderr
+    assert json.loads(raw.stdout) == {**utf8, "stats": json.loads(raw.stdout)["stats"]}
+    text = subprocess.run([sys.executable, "-m", "specedge.cli", *args, "--prompt", "世界 ü"], capture_output=True,
+                          timeout=300, env=cp1252)
+    assert text.returncode == 0 and b"Traceback" not in text.stderr, text.stderr
 
 
 def test_generate_json_and_baseline(cli_bundle):

@@ -3,6 +3,7 @@
 import json
 import shutil
 
+import numpy as np
 import pytest
 
 import tiny_models as tm
@@ -33,6 +34,7 @@ def run_cli(capsys, *args):
     (["--k", "abc"], "--k"),
     (["--seed", "-1", "--temperature", "0.5"], "--seed"),
     (["--threads", "0"], "--threads"),
+    (["--threads", "100000"], "--threads"),                 # onnxruntime would start them all (16 GB, killed)
     (["--drafter", "oracle"], "--drafter"),
     (["--backend", "tpu"], "'tpu' is not one of 'cpu', 'cuda', 'tensorrt', 'auto'"),
     (["--policy", "ngram"], "--drafter ngram"),
@@ -86,6 +88,19 @@ def test_truncated_weights(bundle_copy):
     path.write_bytes(path.read_bytes()[:1000])
     with pytest.raises(BundleError, match="target.onnx.data is corrupt"):
         load(bundle_copy)
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_nan_weights_are_refused_at_load(bundle_copy, capsys, role):
+    """Weights that load but compute NaN (damaged, or a float16 graph that overflows) gave token 0 forever under
+    greedy decoding, with exit 0: the load probe now refuses them, whichever rows it runs."""
+    path = bundle_copy / f"{role}.onnx.data"
+    path.write_bytes(np.full(path.stat().st_size // 4, np.nan, np.float32).tobytes())
+    for rows in ("auto", 2):
+        with pytest.raises(BundleError, match=f"^{role}: its logits on a probe prompt are not finite"):
+            load(bundle_copy, target_rows=rows)
+    code, err = run_cli(capsys, "generate", str(bundle_copy), "--prompt", "hi")
+    assert code == 1 and "not finite" in err and "\n" not in err
 
 
 def test_garbled_graph_same_size(bundle_copy, capsys):
@@ -187,10 +202,16 @@ def test_export_cli_errors(capsys, sources, tmp_path):
     _assert_nothing_left(tmp_path, "b")
     code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none", "--out", str(tmp_path / "b"),
                         "--max-seq-len", "1")
-    assert code == 2 and "--max-seq-len must be at least" in err
+    assert code == 2 and "'--max-seq-len': 1 is not in the range x>=32" in err     # as --help says
+    with pytest.raises(ExportError, match="--max-seq-len must be at least 32"):
+        export_bundle(str(target), None, tmp_path / "b", max_seq_len=16, progress=None)
     for flags, says in [(("--quantize", "int4", "--block-size", "512"), "256"),
                         (("--block-size", "64"), "apply to quantized models"),
                         (("--accuracy-level", "0"), "apply to quantized models"),
+                        (("--rounding", "lsq"), "apply to quantized models"),
+                        (("--quantize", "int4", "--rounding", "nearest"), "Invalid value for '--rounding'"),
+                        (("--max-draft", "33"), "1<=x<=32"),
+                        (("--draft-quantize", "int4"), "--draft-quantize needs a draft model"),
                         (("--tolerance", "nan"), "--tolerance must be a finite number"),
                         (("--tolerance", "inf"), "--tolerance must be a finite number")]:
         code, err = run_cli(capsys, "export", "--target", str(target), "--draft", "none",

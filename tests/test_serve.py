@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 import threading
 import time
 
@@ -60,6 +61,13 @@ def test_models_and_health(server):
     assert client(srv).models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client(srv).models.retrieve("gpt-4")
+    # a trailing slash is the same route (clients that join paths send it), not a bodiless 307 or a 404
+    assert httpx.get(srv.url + "/models/").json()["data"][0]["id"] == MODEL
+    assert httpx.get(srv.url + f"/models/{MODEL}/").json()["id"] == MODEL
+    assert httpx.get(srv.base + "/health/").json()["status"] == "ok"
+    slashed = post(srv, "/completions/", {"model": MODEL, "prompt": "x", "max_tokens": 1})
+    assert slashed.status_code == 200 and slashed.json()["object"] == "text_completion", slashed.text
+    assert_openai_error(httpx.get(srv.url + "/nowhere/"), 404)
     state = health(srv)
     cache = state.pop("prompt_cache")
     assert state == {"status": "ok", "model": MODEL, "running": 0, "waiting": 0, "max_batch": 4, "max_queue": 16}
@@ -295,7 +303,8 @@ def test_n_streamed_choices_each_end_once_and_the_stats_come_last(server, kind):
 def test_n_choices_that_cannot_fit_are_a_400_that_do_not_fit_now_a_429_and_none_runs(bundle):
     with running(bundle, max_batch=1, max_queue=1, slow=0.02) as (srv, gen):
         never = post(srv, "/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": 50, "n": 3})
-        assert "2 sequences at once" in assert_openai_error(never, 400, "n")["message"]
+        message = assert_openai_error(never, 400, "n")["message"]
+        assert "at most 2 sequences (--max-batch 1 plus --max-queue 1)" in message
         body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True,
                 "ignore_eos": True, "speculation": "off"}
         with httpx.stream("POST", srv.url + "/completions", json=body, timeout=30) as busy:
@@ -459,6 +468,8 @@ def test_four_hundreds_are_in_openai_shape_and_the_server_goes_on(server):
         bad = assert_openai_error(httpx.post(srv.url + path, content=body % MODEL.encode(), timeout=10), 400, param)
         assert "not valid Unicode" in bad["message"]
     assert_openai_error(post(srv, "/completions", {**base, "model": "gpt-4"}), 404, "model")
+    assert "must be a string" in assert_openai_error(post(srv, "/completions", {**base, "model": [MODEL]}), 400,
+                                                     "model")["message"]
     assert_openai_error(httpx.post(srv.url + "/completions", content=b"{not json", timeout=10), 400)
     assert_openai_error(httpx.post(srv.url + "/completions", content=b"[" * 100_000 + b"]" * 100_000, timeout=10), 400)
     assert_openai_error(httpx.post(srv.url + "/completions", content=b"x" * ((1 << 20) + 1), timeout=10), 413)
@@ -516,7 +527,18 @@ def test_a_client_that_disconnects_frees_its_slot(bundle, caplog):
         out = client(srv).completions.create(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0)
         assert out.usage.completion_tokens <= 3                         # the slot serves the next request
         assert gen.counters["steps"] < 150                              # the abandoned ones did not run to the end
+        # a client that leaves before its body arrives: a 499 in the log, not an internal error
+        host, port = srv.base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{\"model\"")
+        end = time.monotonic() + 5
+        while not any("before its request body arrived" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < end, [r.getMessage() for r in caplog.records][-3:]
+            time.sleep(0.02)
+        assert health(srv)["status"] == "ok"
     assert any("client_disconnected" in r.getMessage() for r in caplog.records)
+    assert not any("internal error" in r.getMessage() for r in caplog.records)
 
 
 def test_a_full_queue_is_429_with_retry_after(bundle):
@@ -668,6 +690,20 @@ def test_shutdown_drains_in_flight_requests_then_cancels_the_rest(bundle):
                 break
             time.sleep(0.02)
         assert not gen.scheduler.running                              # cancelled, slot freed
+    # a second signal while draining ends the drain at once, each request with its error (not a forced exit)
+    with running(bundle, max_batch=2, slow=0.05, drain_timeout=30) as (srv, gen):              # 200 tokens: 10 s
+        with httpx.stream("POST", srv.url + "/completions", json={**body, "max_tokens": 200}, timeout=30) as response:
+            lines = response.iter_lines()
+            next(lines)
+            started = time.monotonic()
+            srv.server.should_exit = True                               # the first SIGTERM
+            while srv.server._draining_loop is None:
+                time.sleep(0.01)
+            srv.server.handle_exit(signal.SIGINT, None)                 # then Ctrl+C
+            events = sse_events(lines)
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "shutting_down"
+        srv.thread.join(10)
+        assert not srv.thread.is_alive() and time.monotonic() - started < 5 and not srv.server.force_exit
 
 
 def test_bench_serve_writes_results_and_plots(server, tmp_path, capsys):

@@ -196,6 +196,11 @@ def test_tool_requests_the_server_cannot_honour_are_400s(tool_bundle):
                             ({**chat, "messages": [{"role": "assistant", "content": None,
                                                     "tool_calls": [{"function": {}}]}]}, "messages")]:
             assert_openai_error(post(srv, "/chat/completions", body), 400, param)
+        # a forced tool whose parameters no grammar can hold: said in the request's terms (it sent no response_format)
+        broken = [{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}]
+        err = assert_openai_error(post(srv, "/chat/completions", {**chat, "tools": broken, "tool_choice": "required"}),
+                                  400, "tool_choice")
+        assert err["message"].startswith("the forced tool's parameters: the JSON schema is not usable"), err
         # a lone surrogate (valid JSON, not text) in a tool's description: a 400, not the tokenizer's 500
         lone = {**chat, "tools": [{"type": "function", "function": {"name": "f", "description": "\ud800"}}]}
         raw = httpx.post(srv.url + "/chat/completions", content=json.dumps(lone).encode(), timeout=10)

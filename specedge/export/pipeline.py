@@ -24,13 +24,12 @@ from specedge.export.source_weights import SourceWeights, open_weights
 from specedge.export.sources import Source, open_source
 from specedge.export.step_graph import ATTENTION_VARIANTS, StepGraph
 from specedge.export.tokenizer_files import write_tokenizer
+from specedge.limits import MAX_DRAFT_LIMIT, MIN_SEQ_LEN
 from specedge.models import architecture_of
 from specedge.models.spec import rope_inv_freq
 from specedge.models.weights import WeightTable
 from specedge.runtime.manifest import FORMAT, FORMAT_VERSION, MANIFEST, file_record, read_manifest
 
-MIN_SEQ_LEN = 32
-MAX_DRAFT_LIMIT = 32
 DEFAULT_ATTENTION = "gqa"                # "standard" runs batches; which is faster is measured per machine
 DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 CHECK_DIR = ".float32-check"             # a half-precision bundle's float32 copies, checked, then removed
@@ -62,9 +61,11 @@ def default_tolerance(max_abs_logit: float, quantization: Quantization | None = 
 def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: int = 2048, max_draft: int = 8,
                   tolerance: float | None = None, force: bool = False, progress=print,
                   quantize: str | None = None, draft_quantize: str | None = None, block_size: int = 32,
-                  accuracy_level: int = 4, attention: str | None = None, quantize_embeddings: bool | None = None,
-                  dtype: str = "float32", check: bool = True) -> Path:
+                  accuracy_level: int = 4, rounding: str = "minmax", attention: str | None = None,
+                  quantize_embeddings: bool | None = None, dtype: str = "float32", check: bool = True) -> Path:
     """quantize: "none" | "int4" | "int8" for the target, and the draft unless draft_quantize says otherwise;
+    rounding: "minmax" (the default) | "lsq" (weighted least squares): how quantized blocks pick scale and zero
+    point (quantize.py);
     attention: "gqa" (GroupQueryAttention, one row a call) | "standard" (standard ops, any batch; see
     step_graph.py); None: gqa, or standard for bfloat16 (which only the cuda backend runs, on standard graphs);
     quantize_embeddings: the embedding tables of quantized models too (see StepGraph.embedding); None: on
@@ -91,15 +92,18 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
     if out.parent.is_dir():                       # first: a killed export may have moved an old bundle aside
         _remove_stale_work(out, say)
     _validate(out, max_seq_len, max_draft, force)
-    quantizations = {"target": parse_quantization(quantize, block_size, accuracy_level),
-                     "draft": parse_quantization(draft_quantize or quantize, block_size, accuracy_level)}
+    if draft is None and draft_quantize not in (None, "none"):
+        raise ExportOptionError(f"--draft-quantize needs a draft model (--draft none): drop it, or use --quantize "
+                                f"{draft_quantize} for the target")
+    quantizations = {"target": parse_quantization(quantize, block_size, accuracy_level, rounding),
+                     "draft": parse_quantization(draft_quantize or quantize, block_size, accuracy_level, rounding)}
     if dtype == "bfloat16" and any(quantizations.values()):
         raise ExportOptionError("--dtype bf16 cannot be combined with --quantize/--draft-quantize (MatMulNBits runs "
                                 "float32 or float16 activations); use --dtype fp16 for quantized half-precision "
                                 "bundles")
-    if not any(quantizations.values()) and (block_size, accuracy_level) != (32, 4):
-        raise ExportOptionError("--block-size and --accuracy-level apply to quantized models: add --quantize or "
-                                "--draft-quantize int4 / int8")
+    if not any(quantizations.values()) and (block_size, accuracy_level, rounding) != (32, 4, "minmax"):
+        raise ExportOptionError("--block-size, --accuracy-level and --rounding apply to quantized models: add "
+                                "--quantize or --draft-quantize int4 / int8")
     if tolerance is not None and not math.isfinite(tolerance):      # nan fails every check, inf passes any
         raise ExportOptionError(f"--tolerance must be a finite number, got {tolerance}")
     if quantize_embeddings is None:

@@ -17,6 +17,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from specedge.errors import BundleError, NoDraftModel, OptionError, SpecedgeError
+from specedge.limits import MAX_THREADS
 from specedge.runtime.backends import choose_backend, open_backend
 from specedge.runtime.backends.base import decode_width
 from specedge.runtime.backends.cpu import spinning_mode
@@ -30,7 +31,7 @@ from specedge.runtime.options import (chat_messages, checked_text, generation_op
                                       token_ids, tool_definitions)
 from specedge.runtime.policies import make_policy
 from specedge.runtime.reasoning import END as THINK_END, START as THINK_START, prompt_opens_thinking, template_thinks
-from specedge.runtime.row_check import choose_min_rows
+from specedge.runtime.row_check import check_finite, choose_min_rows
 from specedge.runtime.sampling import Warp
 from specedge.runtime.scheduler import PREFILL_CHUNK, Scheduler
 from specedge.runtime.sequences import GenerationOptions, GenerationResult, Sequence
@@ -50,7 +51,7 @@ class Generator:
             raise OptionError(f"bundle must be a folder path, got {bundle!r}")
         max_batch, max_queue = integer("max_batch", max_batch, 1), integer("max_queue", max_queue, 0)
         if threads is not None:
-            threads = integer("threads", threads, 1)
+            threads = integer("threads", threads, 1, MAX_THREADS)
         if target_rows not in ("auto", 1, 2):
             raise OptionError(f"target_rows must be 'auto', 1 or 2, got {target_rows!r}")
         self.path = Path(bundle)
@@ -89,7 +90,7 @@ class Generator:
             self.draft = open_backend(backend, self.path / entry["file"], entry, self.max_seq_len,
                                       max_batch=max_batch, threads=threads, max_step=max_step,
                                       **self._with_width(options, widths["draft"]))
-            choose_min_rows(self.draft, self.vocab_size)    # draft rows exact too: seeded sampling in a batch
+            choose_min_rows(self.draft, self.vocab_size, role="draft")   # exact rows too: seeded sampling in a batch
         self.models = Models(self.target, self.draft, self.vocab_size, self.max_seq_len,
                              self.max_draft)
         self.prompt_cache = self._prompt_cache(prompt_cache)
@@ -126,10 +127,11 @@ class Generator:
         "auto" measures and takes the fastest exact choice; 1 forces the one-row kernel (faster plain
         decoding, but on CPUs where it differs, greedy speculative output may differ from target-only
         output at near-ties); 2 forces padding."""
-        if target_rows == 2:                            # exact everywhere: nothing to probe
+        if target_rows == 2:                            # exact everywhere: no rows to probe
             self.target.min_rows = 2
+            check_finite(self.target, self.vocab_size, "target")
             return 2, True
-        exact_rows = choose_min_rows(self.target, self.vocab_size)
+        exact_rows = choose_min_rows(self.target, self.vocab_size, role="target")
         if target_rows == "auto":
             return exact_rows, True
         self.target.min_rows = 1

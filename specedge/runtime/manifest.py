@@ -214,3 +214,7 @@ def _check_model(bundle, role: str, model: dict, manifest: dict) -> None:
                           f"says {manifest['vocab_size']}")
     if len(io["kv"]) != model["kv"]["num_layers"]:
         raise BundleError(f"{bundle}: {role} io names {len(io['kv'])} KV layers, kv says {model['kv']['num_layers']}")
+    differ = [key for key in ("num_layers", "num_kv_heads", "head_dim") if model["spec"][key] != kv[key]]
+    if differ:
+        raise BundleError(f"{bundle}: corrupt manifest: the {role} spec and kv disagree on {', '.join(differ)} "
+                          f"(spec {[model['spec'][key] for key in differ]}, kv {[kv[key] for key in differ]})")

@@ -21,7 +21,7 @@ from starlette.background import BackgroundTask
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -129,11 +129,15 @@ class Service:
         if length is not None and (not length.isdigit() or int(length) > limit):
             raise too_big
         chunks, size = [], 0
-        async for part in request.stream():
-            size += len(part)
-            if size > limit:
-                raise too_big
-            chunks.append(part)
+        try:
+            async for part in request.stream():
+                size += len(part)
+                if size > limit:
+                    raise too_big
+                chunks.append(part)
+        except ClientDisconnect:                         # gone before its body arrived: not the server's fault
+            raise APIError(CLIENT_CLOSED, "the client closed the connection before its request body arrived",
+                           None, "client_disconnected") from None
         try:
             return json.loads(b"".join(chunks))
         except (ValueError, UnicodeDecodeError, RecursionError):
@@ -166,8 +170,8 @@ class Service:
         if req.n > 1:
             room = sched.max_batch + sched.max_queue
             if req.n > room:
-                raise invalid(f"'n' = {req.n} choices cannot all run here: the server takes {room} sequences at "
-                              f"once ({sched.max_batch} running, {sched.max_queue} waiting)", "n")
+                raise invalid(f"'n' = {req.n} choices cannot all run here: the server holds at most {room} "
+                              f"sequences (--max-batch {sched.max_batch} plus --max-queue {sched.max_queue})", "n")
             if sched.live() + req.n > room:                 # refused whole, before any choice is prefilled
                 raise _busy(f"no room for {req.n} choices now; retry later")
         handles = []
@@ -698,6 +702,22 @@ async def _disconnected(request: Request) -> None:
             return
 
 
+class TrailingSlash:
+    """ASGI middleware: /v1/models/ is /v1/models, as clients that build paths by joining strings send it (OpenAI's
+    own API answers both; Starlette would answer a 307 redirect that clients do not all follow, with no body)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
+            scope = {**scope, "path": path.rstrip("/") or "/"}
+            if scope.get("raw_path"):                                # the path as sent, still percent-encoded
+                scope["raw_path"] = scope["raw_path"].rstrip(b"/") or b"/"
+        await self.app(scope, receive, send)
+
+
 class ReplicaHeader:
     """ASGI middleware: every response names the replica that made it (X-Specedge-Replica), so that a client
     behind a load balancer can tell which engine answered (and which /metrics to read)."""
@@ -749,7 +769,8 @@ def create_app(gen, limits: Limits, api_key: str | None = None,
         Route("/health", service.route(service.health, auth=False), methods=["GET"]),
         Route("/metrics", service.route(service.prometheus, auth=False), methods=["GET"]),
     ]
-    middleware = [Middleware(ReplicaHeader, replica=replica)] if replica is not None else []
+    middleware = [Middleware(TrailingSlash)]
+    middleware += [Middleware(ReplicaHeader, replica=replica)] if replica is not None else []
     app = Starlette(routes=routes, lifespan=service.lifespan, exception_handlers={HTTPException: not_found},
                     middleware=middleware)
     app.state.service = service

@@ -356,8 +356,10 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
         raise invalid("the request body must be a JSON object")
     _check_parameters(body, kind)
     model = body.get("model")
-    if not isinstance(model, str) or not model:
+    if model is None or model == "":
         raise invalid("'model' is required (see GET /v1/models)", "model")
+    if not isinstance(model, str):
+        raise invalid(f"'model' must be a string such as '{limits.model}', got {type(model).__name__}", "model")
     served_model(model, limits)
     stream = _bool(body, "stream")
     stream_options = body.get("stream_options")
@@ -398,7 +400,8 @@ def parse(body, kind: str, gen, limits: Limits) -> ParsedRequest:
         try:
             grammar_of(forced)
         except OptionError as err:
-            raise invalid(f"the tools' parameters: {err}", "tool_choice") from None
+            problem = str(err).removeprefix("response_format: ")     # grammar_of speaks of response formats
+            raise invalid(f"the forced tool's parameters: {problem}", "tool_choice") from None
         options["response_format"] = forced
     prompt_ids = chat_ids(body, gen, limits, tools) if kind == "chat" else prompt_ids_of(body, gen)
     n, context = len(prompt_ids), gen.max_seq_len

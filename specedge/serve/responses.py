@@ -163,7 +163,8 @@ def _tool_choice(choice):
 def renamed(err: APIError) -> APIError:
     """A chat-path error about a renamed parameter, named as the Responses request names it."""
     if err.param in _PARAMS:
-        err.param = _PARAMS[err.param]
+        chat_name, err.param = err.param, _PARAMS[err.param]
+        err.message = err.message.replace(f"'{chat_name}'", f"'{err.param}'")
     return err
 
 

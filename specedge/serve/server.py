@@ -39,8 +39,24 @@ class _DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, service, drain_timeout: float):
         super().__init__(config)
         self.service, self.drain_timeout = service, drain_timeout
+        self._draining_loop: asyncio.AbstractEventLoop | None = None        # set once shutdown begins
+
+    def handle_exit(self, sig, frame) -> None:
+        """A second SIGTERM / Ctrl+C while draining ends the drain now: what still runs is cancelled as at the drain
+        timeout (each request ends with its error, a stream with an error event and [DONE]). uvicorn's own answer,
+        a forced exit, cut streams mid-chunk, answered plain-text 500s and logged CancelledError tracebacks."""
+        if self.should_exit and self._draining_loop is not None and sig in (signal.SIGINT, signal.SIGTERM):
+            self._draining_loop.call_soon_threadsafe(self._cancel_now)      # a signal handler: no locks taken here
+            return
+        super().handle_exit(sig, frame)
+
+    def _cancel_now(self) -> None:
+        n = self.service.cancel_all("shutdown")
+        log.warning("second signal: drain ended, cancelled %d request(s) still running", n)
 
     async def shutdown(self, sockets=None) -> None:
+        self._draining_loop = asyncio.get_running_loop()
+
         async def expire():
             await asyncio.sleep(self.drain_timeout)
             n = self.service.cancel_all("shutdown")

@@ -6,10 +6,13 @@ The text is this repository's own Python source (specedge/runtime/*.py, sorted, 
 windows of --tokens tokens. The reference is transformers on the source dequantized to float32 (what the export
 check calls the source model); each bundle's target reads the same windows through its step graph (prefill in
 chunks, the logits of every row). Prints per model: perplexity of the text, top-1 agreement with the reference,
-and the mean over positions of the largest |logit difference|.
+and the mean over positions of the largest |logit difference|; then each bundle after the first against the first,
+position by position: where only one of the two agrees with the reference (with a two-sided sign test), and the
+mean difference of the per-token log-loss with its standard error.
 """
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -51,6 +54,30 @@ def reference_logits(source: str, windows: list[list[int]]) -> list[np.ndarray]:
         return [model(torch.tensor([w])).logits[0].float().numpy() for w in windows]
 
 
+def per_position(logits: np.ndarray, window: list[int], reference: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """-> (negative log-likelihood of each next token [T - 1], top-1 agreement with the reference [T])."""
+    shifted = logits[:-1] - logits[:-1].max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    return -log_probs[np.arange(len(window) - 1), window[1:]], logits.argmax(-1) == reference.argmax(-1)
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Two-sided p-value of wins against losses under a fair coin."""
+    n, k = wins + losses, min(wins, losses)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+
+
+def paired(first: list[np.ndarray], other: list[np.ndarray], windows, references) -> str:
+    a = [per_position(lg, w, ref) for lg, w, ref in zip(first, windows, references)]
+    b = [per_position(lg, w, ref) for lg, w, ref in zip(other, windows, references)]
+    agree_a, agree_b = (np.concatenate([x[1] for x in side]) for side in (a, b))
+    loss = np.concatenate([y[0] - x[0] for x, y in zip(a, b)])                  # this bundle's minus the first's
+    only_a, only_b = int((agree_a & ~agree_b).sum()), int((agree_b & ~agree_a).sum())
+    error = loss.std(ddof=1) / np.sqrt(len(loss))
+    return (f"agrees where the first does not {only_b}, the reverse {only_a} (sign test p = "
+            f"{sign_test(only_b, only_a):.3f}); log-loss {loss.mean():+.4f} +- {error:.4f} a token")
+
+
 def scores(logits: np.ndarray, window: list[int], reference: np.ndarray) -> tuple[float, float, float]:
     shifted = logits[:-1] - logits[:-1].max(-1, keepdims=True)
     log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
@@ -79,6 +106,10 @@ def main(argv: list[str]) -> None:
                                                       for lg, w, ref in zip(logits, windows, references))))
         print(f"{name:<20} perplexity {np.exp(nll):7.4f}  top-1 agreement with the source {agree:.4f}  "
               f"mean max |logit diff| {diff:.3f}")
+    first = Path(args.bundles[0]).name
+    for bundle in args.bundles[1:]:
+        name = Path(bundle).name
+        print(f"{name} against {first}: {paired(models[first], models[name], windows, references)}")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ slower on onnxruntime 1.32's CPU provider: scripts/matmul_nbits_rows.py --float-
 A @ ((code - zero_point) * scale)^T. Rounding "minmax" (the default) spreads the levels over the block's range
 (which always includes 0); "lsq" starts there and refits scale and zero point by weighted least squares to the
 codes, a few rounds, keeping each block's best. On Qwen2.5-Coder 1.5B Q4_K_M (blocks of 32) lsq's weight error is
-0.0752 against 0.0827 (experiments/int4_rounding.py), and on 4096 tokens of code its top-1 agreement with the
-source 0.906 against 0.899, at the same perplexity; at block 128 perplexity rose (docs/int4-rounding.md).
+0.0752 against 0.0827 (experiments/int4_rounding.py); on 4096 tokens of code its top-1 agreement with the
+source was 0.906 against 0.899 (sign test p = 0.089) at the same perplexity, and at block 128 its perplexity rose
+(docs/int4-rounding.md): hence opt-in.
 accuracy_level 4 quantizes the activations to int8 per block inside the op: fastest on CPUs, and its rows do not
 depend on how many rows are in the call (measured), which keeps verify rows bitwise equal to single-step rows.
 Level 0 computes in float.

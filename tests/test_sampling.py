@@ -6,6 +6,7 @@ import torch
 from scipy import stats
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from specedge.errors import SpecedgeError
 from specedge.runtime.sampling import Warp, draw
 from specedge.runtime.verify import accept_greedy_ids, accept_sampled
 
@@ -22,6 +23,18 @@ def test_warp_matches_transformers(temperature, top_k, top_p):
     expected = torch.softmax(x, dim=-1).numpy()
     got = Warp(temperature, top_k, top_p).probs(logits)
     np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_logits_are_an_error_not_a_sample(bad):
+    """NaN logits (a float16 graph overflowing, damaged weights) once sampled padding tokens with exit 0; the load
+    probe catches weights that always compute NaN, this a step that does (the scheduler fails its sequences)."""
+    logits = np.zeros((2, 8), np.float32)
+    logits[1, 3] = bad
+    for warp in (Warp(1.0), Warp(0.7, top_k=4), Warp(1.0, top_p=0.9)):
+        with pytest.raises(SpecedgeError, match="logits are not finite"):
+            warp.probs(logits)
+        assert np.allclose(warp.probs(logits[:1]).sum(-1), 1.0)
 
 
 def test_draw_follows_distribution():

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specedge.errors import SpecedgeError
+
 
 @dataclass(frozen=True)
 class Warp:
@@ -26,13 +28,17 @@ class Warp:
         x = np.asarray(logits, dtype=np.float64)
         # the largest logit subtracted before dividing: a tiny temperature then sends the others to -inf (exp 0)
         # instead of overflowing every logit to inf (inf - inf is nan)
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):           # inf - inf: NaN, refused below
             x = (x - x.max(axis=-1, keepdims=True)) / self.temperature
         if 0 < self.top_k < x.shape[-1]:
             kth = np.partition(x, -self.top_k, axis=-1)[:, -self.top_k][:, None]
             x = np.where(x >= kth, x, -np.inf)
         x = np.exp(x)
-        p = x / x.sum(axis=-1, keepdims=True)
+        total = x.sum(axis=-1, keepdims=True)
+        if not np.all(np.isfinite(total) & (total > 0)):     # NaN or inf logits: a sample would be noise
+            raise SpecedgeError("the model's logits are not finite (NaN or inf) at this step: a float16 graph "
+                                "overflows here, or its weights are damaged")
+        p = x / total
         if self.top_p < 1.0:
             p = _nucleus(p, self.top_p)
         return p

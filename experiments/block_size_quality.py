@@ -8,7 +8,8 @@ check calls the source model); each bundle's target reads the same windows throu
 chunks, the logits of every row). Prints per model: perplexity of the text, top-1 agreement with the reference,
 and the mean over positions of the largest |logit difference|; then each bundle after the first against the first,
 position by position: where only one of the two agrees with the reference (with a two-sided sign test), and the
-mean difference of the per-token log-loss with its standard error.
+mean difference of the per-token log-loss with its standard error (both take positions as independent, which
+neighbouring tokens are not: the true uncertainty is larger).
 """
 
 import argparse
@@ -79,11 +80,8 @@ def paired(first: list[np.ndarray], other: list[np.ndarray], windows, references
 
 
 def scores(logits: np.ndarray, window: list[int], reference: np.ndarray) -> tuple[float, float, float]:
-    shifted = logits[:-1] - logits[:-1].max(-1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-    nll = -log_probs[np.arange(len(window) - 1), window[1:]].mean()
-    agree = float((logits.argmax(-1) == reference.argmax(-1)).mean())
-    return float(nll), agree, float(np.abs(logits - reference).max(-1).mean())
+    nll, agree = per_position(logits, window, reference)
+    return float(nll.mean()), float(agree.mean()), float(np.abs(logits - reference).max(-1).mean())
 
 
 def main(argv: list[str]) -> None:
@@ -97,6 +95,9 @@ def main(argv: list[str]) -> None:
 
     windows = text_ids(Tokenizer.from_file(str(Path(args.bundles[0]) / "tokenizer.json")), args.tokens, args.windows)
     references = reference_logits(args.source, windows)
+    names = [Path(bundle).name for bundle in args.bundles]
+    if len(set(names)) < len(names):
+        raise SystemExit(f"bundles are told apart by folder name; these repeat: {', '.join(names)}")
     models = {"source (float32)": references}
     for bundle in args.bundles:
         models[Path(bundle).name] = bundle_logits(Path(bundle), windows)

@@ -586,6 +586,9 @@ def serve(bundle, host, port, max_batch, max_queue, api_key, served_model_name, 
                           "out to serve without one")
     if served_model_name is not None and not served_model_name.strip():
         raise OptionError("--served-model-name is empty: give a name, or leave it out to serve the bundle folder's")
+    if served_model_name is not None and served_model_name.endswith("/"):
+        raise OptionError(f"--served-model-name '{served_model_name}' ends in '/', which the server reads as a "
+                          "trailing slash of the path: drop it")
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = EngineConfig(bundle=bundle, max_batch=max_batch, max_queue=max_queue, served_model_name=served_model_name,

@@ -220,6 +220,19 @@ def test_export_cli_errors(capsys, sources, tmp_path):
     _assert_nothing_left(tmp_path, "b")
 
 
+def test_a_source_that_computes_nan_is_an_export_error(tmp_path):
+    """The export check's own finite test, before the row probes (which would call it a damaged bundle)."""
+    import torch
+
+    model = tm.make_model("qwen2", 260, seed=1)
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+    source = tm.save(model, tm.byte_tokenizer(), tmp_path / "nan-source")
+    with pytest.raises(ExportError, match="^target: the exported graph's logits are not finite"):
+        export_bundle(str(source), None, tmp_path / "b", max_seq_len=64, progress=None)
+    _assert_nothing_left(tmp_path, "b")
+
+
 def test_target_only_bundle_refuses_speculation(sources, tmp_path, capsys):
     _, target = sources
     out = export_bundle(str(target), None, tmp_path / "solo", max_seq_len=64, progress=None)

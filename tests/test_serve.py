@@ -68,6 +68,9 @@ def test_models_and_health(server):
     slashed = post(srv, "/completions/", {"model": MODEL, "prompt": "x", "max_tokens": 1})
     assert slashed.status_code == 200 and slashed.json()["object"] == "text_completion", slashed.text
     assert_openai_error(httpx.get(srv.url + "/nowhere/"), 404)
+    # an escaped slash is part of a model id, not a trailing slash
+    escaped = assert_openai_error(httpx.get(srv.url + f"/models/{MODEL}%2F"), 404, "model")
+    assert f"'{MODEL}/'" in escaped["message"]
     state = health(srv)
     cache = state.pop("prompt_cache")
     assert state == {"status": "ok", "model": MODEL, "running": 0, "waiting": 0, "max_batch": 4, "max_queue": 16}
@@ -706,6 +709,26 @@ def test_shutdown_drains_in_flight_requests_then_cancels_the_rest(bundle):
         assert not srv.thread.is_alive() and time.monotonic() - started < 5 and not srv.server.force_exit
 
 
+def test_a_third_signal_while_draining_forces_the_exit():
+    """The second cancels what runs; if a request still does not end, the third exits anyway."""
+    import uvicorn
+
+    from specedge.serve.server import _DrainingServer
+
+    server = _DrainingServer(uvicorn.Config(app=None), service=None, drain_timeout=30)
+    loop = asyncio.new_event_loop()
+    try:
+        server.handle_exit(signal.SIGTERM, None)
+        assert server.should_exit and not server.force_exit
+        server._draining_loop = loop                                   # shutdown has begun
+        server.handle_exit(signal.SIGTERM, None)
+        assert not server.force_exit                                   # the cancel is scheduled on the loop
+        server.handle_exit(signal.SIGINT, None)
+        assert server.force_exit
+    finally:
+        loop.close()
+
+
 def test_bench_serve_writes_results_and_plots(server, tmp_path, capsys):
     srv, gen = server
     out = tmp_path / "bench"
@@ -768,6 +791,8 @@ def test_serve_refuses_a_busy_port_and_an_empty_key_in_one_line(bundle, capsys, 
     assert "--api-key (or SPECEDGE_API_KEY) is empty" in capsys.readouterr().err
     assert main(["serve", str(bundle), "--served-model-name", " "]) == 2
     assert "--served-model-name is empty" in capsys.readouterr().err
+    assert main(["serve", str(bundle), "--served-model-name", "org/coder/"]) == 2
+    assert "ends in '/'" in capsys.readouterr().err
     monkeypatch.setenv("SPECEDGE_API_KEY", "")
     assert main(["serve", str(bundle)]) == 2
     assert "is empty" in capsys.readouterr().err

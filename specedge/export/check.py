@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specedge.errors import ExportError
 from specedge.export import reference_model
 from specedge.runtime.backends import open_backend
 from specedge.runtime.backends.base import SlotCursor
@@ -43,9 +44,10 @@ def _backend(onnx_path: Path, model_entry: dict, max_seq_len: int, max_step: int
 
 
 def check_graph(onnx_path: Path, model_entry: dict, reference: np.ndarray, ids: list[int], vocab_size: int,
-                max_seq_len: int, reference_name: str = "") -> dict:
+                max_seq_len: int, reference_name: str = "", role: str = "model") -> dict:
     """Graph logits over CHECK_STEPS vs the reference's for the same ids; the ids output vs the logits' argmax;
-    verify rows vs single steps; and, for a graph that runs batches, rows of one call vs the same rows alone."""
+    verify rows vs single steps; and, for a graph that runs batches, rows of one call vs the same rows alone.
+    Non-finite logits are an ExportError naming `role` (the row probes would refuse them as a bundle's)."""
     batches = model_entry.get("max_batch") is None
     backend = _backend(onnx_path, model_entry, max_seq_len, max(CHECK_STEPS), len(BATCH_ROWS) if batches else 1)
     cursor = SlotCursor(backend)
@@ -54,6 +56,10 @@ def check_graph(onnx_path: Path, model_entry: dict, reference: np.ndarray, ids: 
         ours.append(cursor.feed(ids[at: at + n]).copy())
         at += n
     ours = np.concatenate(ours)
+    if not np.isfinite(ours).all():
+        raise ExportError(f"{role}: the exported graph's logits are not finite (NaN or inf) on the check's ids: the "
+                          "source's weights hold NaN or inf, or a float16 graph overflows (--dtype fp32); nothing "
+                          "was written")
     cursor.pos = 0
     top = cursor.feed_ids(ids[:CHECK_STEPS[0]]).copy()
     min_rows = choose_min_rows(backend, vocab_size)

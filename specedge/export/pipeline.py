@@ -317,7 +317,7 @@ def half_tolerance(max_abs_logit: float, quantization: Quantization | None) -> f
 def _half_check(path: Path, entry: dict, reference, ids, vocab_size: int, max_seq_len: int, quantization,
                 role: str, say) -> dict:
     """The float16 graph itself on onnxruntime's CPU provider against the same reference, with its tolerance."""
-    check = check_graph(path, entry, reference, ids, vocab_size, max_seq_len, "")
+    check = check_graph(path, entry, reference, ids, vocab_size, max_seq_len, "", role)
     limit = half_tolerance(check["max_abs_logit"], quantization)
     say(f"{role}: float16 graph on the CPU provider: max logit error {check['max_abs_logit_error']:.2e} (tolerance "
         f"{limit:.2e}), top-1 agreement {check['top1_agreement']:.3f}, verify rows bitwise equal to single steps: "
@@ -431,7 +431,7 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     say(f"{role}: checking the graph against transformers (prefill + multi-token steps"
         f"{', dequantized weights' if quantization else ''})")
     check = check_graph(path, entry, reference, ids, vocab_size, max_seq_len,
-                        " (dequantized weights)" if quantization else "")
+                        " (dequantized weights)" if quantization else "", role)
     limit = tolerance if tolerance is not None else default_tolerance(check["max_abs_logit"], quantization)
     check["tolerance"] = limit
     say(f"{role}: max logit error {check['max_abs_logit_error']:.2e} (tolerance {limit:.2e}), "

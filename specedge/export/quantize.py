@@ -27,7 +27,8 @@ from specedge.errors import ExportError, ExportOptionError
 ROWS_PER_CHUNK = 8192                 # dequantize big matrices (the LM head) a slice at a time
 ROUNDINGS = ("minmax", "lsq")
 LSQ_ROUNDS = 3                        # a 1536 x 8960 Q4_K layer: error 0.0850, 0.0808, 0.0772, 0.0765 (5: 0.0765)
-THREAD_ROWS = 1024                    # rows per task: both cores busy, temporaries ~40 MB each at K = 8960
+THREAD_ROWS = 1024                    # rows per task: at K = 8960 a task peaks at ~110 MiB (minmax), ~230 (lsq)
+MAX_WORKERS = 4                       # so at most ~0.9 GiB at once, the single 8192-row slice's before threads
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,15 @@ def quantize(weight: np.ndarray, q: Quantization) -> tuple[np.ndarray, np.ndarra
     if len(starts) == 1:
         run(0)
     else:
-        with ThreadPoolExecutor(min(len(starts), os.cpu_count() or 1)) as pool:
+        with ThreadPoolExecutor(min(len(starts), _usable_cores(), MAX_WORKERS)) as pool:
             list(pool.map(run, starts))                              # list(): re-raises a worker's exception
     return codes, scales.reshape(-1), zero_points.reshape(-1)
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (a container's or taskset's limit, where the OS tells it), else all."""
+    affinity = getattr(os, "sched_getaffinity", None)                 # Linux; not macOS or Windows
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
 def dequantize(codes: np.ndarray, scales: np.ndarray, zero_points: np.ndarray, k: int, q: Quantization) -> np.ndarray:

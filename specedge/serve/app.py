@@ -144,7 +144,8 @@ class Service:
             raise invalid("the request body is not valid JSON") from None
 
     def _error(self, request: Request, err: APIError, started: float) -> JSONResponse:
-        self.metrics.request_error(err.status)
+        if err.status != CLIENT_CLOSED:                # a client that left is not an error (as mid-request ones)
+            self.metrics.request_error(err.status)
         log.info("%s %s %s %d %s: %s (%.3fs)", _client(request), request.method, request.url.path, err.status,
                  err.code or err.type, err.message, time.perf_counter() - started)
         return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
@@ -710,11 +711,13 @@ class TrailingSlash:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        path = scope.get("path", "")
-        if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
+        path, raw = scope.get("path", ""), scope.get("raw_path")
+        # a slash as sent, not an escaped %2F that ends a model id (raw_path is the path still percent-encoded)
+        sent = raw.endswith(b"/") if raw else path.endswith("/")
+        if scope["type"] == "http" and len(path) > 1 and path.endswith("/") and sent:
             scope = {**scope, "path": path.rstrip("/") or "/"}
-            if scope.get("raw_path"):                                # the path as sent, still percent-encoded
-                scope["raw_path"] = scope["raw_path"].rstrip(b"/") or b"/"
+            if raw:
+                scope["raw_path"] = raw.rstrip(b"/") or b"/"
         await self.app(scope, receive, send)
 
 

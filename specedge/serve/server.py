@@ -40,13 +40,19 @@ class _DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.service, self.drain_timeout = service, drain_timeout
         self._draining_loop: asyncio.AbstractEventLoop | None = None        # set once shutdown begins
+        self._signals_while_draining = 0
 
     def handle_exit(self, sig, frame) -> None:
         """A second SIGTERM / Ctrl+C while draining ends the drain now: what still runs is cancelled as at the drain
         timeout (each request ends with its error, a stream with an error event and [DONE]). uvicorn's own answer,
-        a forced exit, cut streams mid-chunk, answered plain-text 500s and logged CancelledError tracebacks."""
+        a forced exit, cut streams mid-chunk, answered plain-text 500s and logged CancelledError tracebacks. A third
+        signal (a request that does not end) forces the exit."""
         if self.should_exit and self._draining_loop is not None and sig in (signal.SIGINT, signal.SIGTERM):
-            self._draining_loop.call_soon_threadsafe(self._cancel_now)      # a signal handler: no locks taken here
+            self._signals_while_draining += 1
+            if self._signals_while_draining == 1:
+                self._draining_loop.call_soon_threadsafe(self._cancel_now)  # a signal handler: no locks taken here
+            else:
+                self.force_exit = True
             return
         super().handle_exit(sig, frame)
 

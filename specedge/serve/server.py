@@ -93,7 +93,9 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, _, _, _, address = infos[0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets that say so, and without it Nagle's
+        # algorithm held every response on a kept-alive connection ~40 ms for the client's delayed ACK
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     except (OSError, UnicodeError) as err:
         raise SpecedgeError(f"cannot listen on {host}:{port}: {getattr(err, 'strerror', None) or err}") from None
     try:

@@ -280,7 +280,11 @@ def bench(bundle, prompts_file, policies, batches, max_new_tokens, temperature, 
     if note:
         click.echo(note, err=True)
     if gen.draft is None:
-        names = [n for n in names if n.split("@")[0] == "target" or n.endswith("@ngram")]
+        drafting = [n for n in names if n.split("@")[0] != "target" and not n.endswith("@ngram")]
+        if policies and drafting:                 # asked for by name: an error, as the server's 400 (not dropped)
+            raise OptionError(f"this bundle has no draft model, which {', '.join(drafting)} need: bench target, or "
+                              "POLICY@ngram (prompt lookup)")
+        names = [n for n in names if n not in drafting]
     if not policies:                          # the default list's fixed:K the bundle was not exported for
         names = [n for n in names if _runs_here(n, gen.max_draft)]
 
@@ -713,6 +717,12 @@ def bench_serve(bundle, url, api_key, model, concurrency, policies, requests_per
     if written is None:
         click.echo("plots skipped: matplotlib is not installed (pip install 'specedge[plots]')", err=True)
     click.echo(f"wrote {path}" + (f" and {len(written)} plots" if written else ""), err=True)
+    failed = [(policy, level, cell) for policy, cells in results["runs"].items() for level, cell in cells.items()
+              if cell["requests"] == 0]
+    if failed:                                    # a cell of errors only has no figures: the run did not measure
+        policy, level, cell = failed[0]
+        raise SpecedgeError(f"{len(failed)} cell(s) had no successful request, first {policy} at concurrency "
+                            f"{level}: {(cell['error_samples'] or ['?'])[0]}")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -124,6 +124,9 @@ def test_bench_rejects_bad_input(good_bundle, tmp_path, capsys):
     bad.write_text('{"text": "no prompt field"}\n')
     with pytest.raises(OptionError, match="needs a string field 'prompt'"):
         load_prompts(str(bad))
+    bad.write_text('{"prompt": "x"}\n{"prompt": ""}\n')
+    with pytest.raises(OptionError, match=r"bad.jsonl:2: the prompt is empty"):
+        load_prompts(str(bad))
     assert main(["bench", str(good_bundle), "--policies", "fixed:99"]) == 2
     assert "fixed:99" in capsys.readouterr().err
 
@@ -272,6 +275,10 @@ def test_a_configuration_is_compared_with_the_best_other_repeat_by_repeat():
     assert against_best(per_repeat, "a")["vs_best_other_per_repeat"] == pytest.approx([10 / 11, 12 / 13, 9 / 9.5])
     assert against_best(per_repeat, "a")["vs_best_other"] == pytest.approx(12 / 13)
     assert against_best({"a": [1.0]}, "a") == {}
+    # another configuration that made nothing (every request failed) gives no ratio, not a ZeroDivisionError
+    assert against_best({"a": [5.0, 6.0], "b": [0.0, 3.0]}, "a") == {"vs_best_other_per_repeat": [None, 2.0],
+                                                                     "vs_best_other": 2.0}
+    assert against_best({"a": [5.0], "b": [0.0]}, "a") == {"vs_best_other_per_repeat": [None], "vs_best_other": None}
 
 
 def test_paired_ratio_is_the_geometric_mean_of_the_pairs_with_a_t_interval():

@@ -245,6 +245,9 @@ def test_target_only_bundle_refuses_speculation(sources, tmp_path, capsys):
     assert code == 2 and "no draft model" in err and "--policy target" in err and "--drafter ngram" in err
     code, err = run_cli(capsys, "serve", str(out), "--policy", "adaptive", "--drafter", "hybrid")
     assert code == 2 and "drafter 'hybrid' needs one" in err and "--policy target" in err and "_" not in err
+    code, err = run_cli(capsys, "bench", str(out), "--policies", "target,fixed:2,fixed:2@hybrid", "--out",
+                        str(tmp_path / "bench"))                      # named policies are not dropped silently
+    assert code == 2 and "no draft model, which fixed:2, fixed:2@hybrid need" in err, err
     import httpx
     from serve_helpers import MODEL, running
 

@@ -775,6 +775,13 @@ def test_bench_serve_writes_results_and_plots(server, tmp_path, capsys):
     assert entry["steps_gain"] == sorted(gains)[1]
     assert "steps gain" in capsys.readouterr().out
     assert main(["bench-serve"]) == 2                                  # neither a bundle nor --url: one-line error
+    # a cell whose every request failed measured nothing: exit 1 naming the first error (results still written)
+    bad = tmp_path / "bad"
+    code = main(["bench-serve", "--url", srv.url, "--concurrency", "1", "--policies", "target,fixed:99",
+                 "--requests", "1", "--max-tokens", "2", "--out", str(bad)])
+    err = capsys.readouterr().err
+    assert code == 1 and "1 cell(s) had no successful request, first fixed:99 at concurrency 1" in err, err
+    assert (bad / "results.json").exists()
 
 
 def test_sigterm_stops_the_command_cleanly(bundle, tmp_path):

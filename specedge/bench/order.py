@@ -20,8 +20,11 @@ def against_best(per_repeat: dict[str, list[float]], name: str) -> dict:
     others = [n for n in per_repeat if n != name]
     if not others:
         return {}
-    ratios = [mine / max(per_repeat[n][r] for n in others) for r, mine in enumerate(per_repeat[name])]
-    return {"vs_best_other_per_repeat": ratios, "vs_best_other": statistics.median(ratios)}
+    best = [max(per_repeat[n][r] for n in others) for r in range(len(per_repeat[name]))]
+    # None where every other configuration made nothing (all its requests failed): no ratio to take
+    ratios = [mine / top if top > 0 else None for mine, top in zip(per_repeat[name], best)]
+    known = [r for r in ratios if r is not None]
+    return {"vs_best_other_per_repeat": ratios, "vs_best_other": statistics.median(known) if known else None}
 
 
 # two-sided 95% quantiles of Student's t by degrees of freedom (1-30); 1.96 beyond

@@ -127,6 +127,8 @@ def test_bench_rejects_bad_input(good_bundle, tmp_path, capsys):
     bad.write_text('{"prompt": "x"}\n{"prompt": ""}\n')
     with pytest.raises(OptionError, match=r"bad.jsonl:2: the prompt is empty"):
         load_prompts(str(bad))
+    bad.write_text('{"prompt": "", "suffix": "return x"}\n{"prompt": "", "chat": true}\n')
+    assert len(load_prompts(str(bad))) == 2                            # a fill in the middle, a chat turn: tokens
     assert main(["bench", str(good_bundle), "--policies", "fixed:99"]) == 2
     assert "fixed:99" in capsys.readouterr().err
 

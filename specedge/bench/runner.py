@@ -40,8 +40,8 @@ def load_prompts(path: str | None) -> list[dict]:
             raise OptionError(f"--prompts {path}:{n}: not JSON ({err.msg})") from err
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
             raise OptionError(f"--prompts {path}:{n}: each line needs a string field 'prompt'")
-        if not row["prompt"] and not row.get("chat"):            # a chat turn still has its template's tokens
-            raise OptionError(f"--prompts {path}:{n}: the prompt is empty")
+        if not row["prompt"] and not row.get("chat") and not row.get("suffix"):   # a chat turn or a fill in the
+            raise OptionError(f"--prompts {path}:{n}: the prompt is empty")          # middle still has tokens
         if not isinstance(row.get("chat", False), bool):
             raise OptionError(f"--prompts {path}:{n}: 'chat' must be true or false")
         if row.get("suffix") is not None and (not isinstance(row["suffix"], str) or row.get("chat")):

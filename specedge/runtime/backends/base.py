@@ -52,6 +52,12 @@ def pad_call(starts, tokens, last, min_rows: int, ids: np.ndarray, positions: np
     return PaddedCall(ids, positions, logit_rows, list(last))
 
 
+def scratch_rows(max_batch: int, max_step: int, width: int = 0) -> int:
+    """Token rows of the largest call pad_call can lay out: every row at max_step tokens (or the decode width, at
+    least 2 for a lone token), plus one column for an odd call made even."""
+    return max_batch * (max(max_step, width, 2) + 1)
+
+
 def decode_width(max_draft: int, role: str) -> int:
     """Tokens a row of every decode call carries on GPU backends (one shape per model): a verify call's
     max_draft + 1 for the target, a draft step's 2 for the draft; never under 2, since a lone token may run as two

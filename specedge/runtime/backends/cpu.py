@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from specedge.errors import BundleError, OptionError
-from specedge.runtime.backends.base import ModelBackend, pad_call
+from specedge.runtime.backends.base import ModelBackend, pad_call, scratch_rows
 
 log = logging.getLogger("specedge.runtime")
 
@@ -154,8 +154,7 @@ class CpuBackend(ModelBackend):
         self.kv_names = entry["io"]["kv"]                                   # [[past_k, past_v, present_k, present_v]]
         shape = (max_batch, kv["num_kv_heads"], self.kv_slots, kv["head_dim"])       # [N, H_kv, S, D]
         self.keys, self.values = _kv_buffers(path, shape, self.num_layers, np.dtype(KV_NUMPY[kv_dtype]))
-        # scratch for the largest call: every row at max_step tokens
-        rows = max_batch * (max(max_step, 2) + 1)      # + 1: an odd call made even (pad_call, min_rows 2)
+        rows = scratch_rows(max_batch, max_step)                            # the largest call pad_call lays out
         self._ids, self._positions, self._logit_rows = (np.zeros(rows, np.int64) for _ in range(3))
         self._logits = np.empty(rows * self.vocab_columns, np.float32)
         self._out_ids = np.empty(rows, np.int64)

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from specedge.errors import BundleError, OptionError
-from specedge.runtime.backends.base import ModelBackend
+from specedge.runtime.backends.base import ModelBackend, scratch_rows
 from specedge.runtime.backends.cpu import check_io
 from specedge.runtime.backends.device_memory import CudaCopies, HostCopies
 
@@ -109,7 +109,7 @@ class CudaBackend(ModelBackend):
         check_io(self.session, entry, path)
         self.kv_names = entry["io"]["kv"]
         self._slot_bytes = self.heads * self.kv_slots * self.head_dim * ITEM_BYTES[self.dtype]
-        rows = max_batch * (max(max_step, width, 2) + 1)     # the largest call, + 1 column: pad_call evens odd calls
+        rows = scratch_rows(max_batch, max_step, width)      # the largest call pad_call lays out
         need = 2 * self.num_layers * max_batch * self._slot_bytes + rows * (3 * 8 + 8 + 4 * self.vocab_columns)
         try:
             shape = [max_batch, self.heads, self.kv_slots, self.head_dim]

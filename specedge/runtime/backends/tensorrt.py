@@ -37,7 +37,7 @@ from specedge.engines.tensorrt_record import (REBUILD, Profile, check_record, co
                                               select_profile)
 from specedge.engines.trt_ops import MIN_TENSORRT
 from specedge.errors import BundleError, OptionError
-from specedge.runtime.backends.base import ModelBackend
+from specedge.runtime.backends.base import ModelBackend, scratch_rows
 from specedge.runtime.backends.cuda_python import CudaError, CudaRuntime, stream_handle
 from specedge.runtime.manifest import MANIFEST
 
@@ -160,7 +160,7 @@ class TensorRtBackend(ModelBackend):
         self._handle = stream_handle(self.stream)
         self.engine = self._load_engine(root / model["file"], model)
         self.id_dtype = self._check_io(entry)
-        self._allocate(rows=max_batch * (max(max_step, width, 2) + 1))    # + 1: pad_call evens odd calls
+        self._allocate(rows=scratch_rows(max_batch, max_step, width))    # the largest call pad_call lays out
 
     # -- load -----------------------------------------------------------------------------
     def _load_engine(self, file: Path, model: dict):

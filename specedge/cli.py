@@ -65,8 +65,12 @@ def cli():
               help="Weight-only quantization (MatMulNBits) of the target, and of the draft unless --draft-quantize.")
 @click.option("--draft-quantize", default=None, type=click.Choice(["none", "int4", "int8"]),
               help="Quantization of the draft [default: as --quantize].")
-@click.option("--block-size", default=32, show_default=True, type=click.IntRange(16, 256),
-              help="Quantization block size along K.")
+@click.option("--block-size", default=None, type=click.IntRange(16, 256),
+              help="Quantization block size along K, a power of two [default: 32], for the draft too unless "
+                   "--draft-block-size.")
+@click.option("--draft-block-size", default=None, type=click.IntRange(16, 256),
+              help="The draft's block size [default: --block-size if given, else the largest of 128, 64, 32 "
+                   "dividing its matrices: a draft's blocks change its speed and acceptance, never the output].")
 @click.option("--accuracy-level", default=4, show_default=True, type=click.IntRange(0, 4),
               help="MatMulNBits compute: 4 = int8 activations (fast, rows independent), 0 = float.")
 @click.option("--rounding", default="minmax", show_default=True, type=click.Choice(["minmax", "lsq"]),
@@ -84,7 +88,7 @@ def cli():
                    "backends only, fp16 on the CPU provider too; checked through a float32 copy plus a dtype audit.")
 @click.option("--force", is_flag=True, help="Replace an existing bundle at --out.")
 def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draft_quantize, block_size,
-           accuracy_level, rounding, attention, quantize_embeddings, dtype, force):
+           draft_block_size, accuracy_level, rounding, attention, quantize_embeddings, dtype, force):
     """Export a target and a draft model into a bundle."""
     try:
         from specedge.export import export_bundle
@@ -98,7 +102,8 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
     try:
         export_bundle(target, draft, out, max_seq_len=max_seq_len, max_draft=max_draft, tolerance=tolerance,
                       force=force, progress=lambda line: click.echo(line, err=True), quantize=quantize,
-                      draft_quantize=draft_quantize, block_size=block_size, accuracy_level=accuracy_level,
+                      draft_quantize=draft_quantize, block_size=block_size, draft_block_size=draft_block_size,
+                      accuracy_level=accuracy_level,
                       rounding=rounding, attention=attention, quantize_embeddings=quantize_embeddings, dtype=dtype)
     finally:
         if main_thread:
@@ -187,7 +192,7 @@ def generate(bundle, prompt, chat, suffix, max_new_tokens, temperature, top_k, t
         click.echo(piece, nl=False)
     click.echo()
     click.echo(format_stats(stream.result.stats.to_json(gen.decode)), err=True)
-    slots = ", ".join(f"{role} {size / 2**20:.1f} MiB" for role, size in gen.kv_slot_bytes.items())
+    slots = ", ".join(f"{role} {_size(size)}" for role, size in gen.kv_slot_bytes.items())
     click.echo(f"   KV memory per slot (one per concurrent sequence): {slots}", err=True)
     if gen.backend_name != "cpu":
         models = [("target", gen.target), ("draft", gen.draft)]
@@ -420,8 +425,8 @@ def describe(m: dict, verified: bool = False) -> str:
             f"{'any batch' if model.get('max_batch') is None else 'one row per call'})",
             f"    {spec['num_layers']} layers, hidden {spec['hidden_size']}, heads {spec['num_heads']}/"
             f"{spec['num_kv_heads']} kv, head_dim {spec['head_dim']}{_rope_words(spec)}",
-            f"    weights {model.get('weights', 'float32')} {model['weight_bytes'] / 2**20:.1f} MiB "
-            f"({_embedding_line(model)}), KV {kv_bytes / 2**20:.1f} MiB per slot",
+            f"    weights {model.get('weights', 'float32')}{_blocks(model)} {_size(model['weight_bytes'])} "
+            f"({_embedding_line(model)}), KV {_size(kv_bytes)} per slot",
             f"    export check: max logit error {check.get('max_abs_logit_error', float('nan')):.2e} "
             f"(tolerance {check.get('tolerance', float('nan')):.2e}), top-1 agreement "
             f"{check.get('top1_agreement', float('nan')):.3f}, verify rows bitwise equal: "
@@ -456,7 +461,17 @@ def _rope_words(spec: dict) -> str:
 def _embedding_line(model: dict) -> str:
     stored = "quantized" if model.get("quantization", {}).get("embedding") else model["kv"].get("dtype", "float32")
     size = model.get("embedding_bytes")
-    return f"embedding {stored}" + (f" {size / 2**20:.1f} MiB" if size else "")
+    return f"embedding {stored}" + (f" {_size(size)}" if size else "")
+
+
+def _blocks(model: dict) -> str:
+    block = model.get("quantization", {}).get("block_size")
+    return f" (blocks of {block})" if block else ""
+
+
+def _size(n: int) -> str:
+    """Bytes as MiB, or KiB below a tenth of one (a tiny model's KV slot is not '0.0 MiB')."""
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 / 10 else f"{n / 2**10:.1f} KiB"
 
 
 def main(argv=None) -> int:

@@ -54,13 +54,25 @@ def test_target_only_plots_draw_without_warnings(good_bundle, tmp_path):
     """A target-only run has no labelled series in three of the four plots: no empty-legend warning."""
     import warnings
 
-    from specedge.bench.report import plots
+    from specedge.bench.report import plots, table
 
     results = run_bench(load(good_bundle), [{"prompt": "def f(x):"}], ["target"], max_new_tokens=8)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         written = plots(results, tmp_path)
     assert len(written) == 4 and all(path.stat().st_size > 1000 for path in written)
+    assert "top rejected" not in table(results)                 # nothing was drafted: no empty section
+
+
+def test_bench_table_aligns_long_policy_names(good_bundle):
+    from specedge.bench.report import table
+
+    results = run_bench(load(good_bundle), [{"prompt": "def f(x):"}], ["fixed:2", "adaptive:stop@hybrid"],
+                        max_new_tokens=8)
+    head, _, *rows = table(results).splitlines()[:5]
+    assert [row.split()[0] for row in rows] == ["target", "fixed:2", "adaptive:stop@hybrid"]
+    tok_s = head.index("tok/s") + len("tok/s")                  # right-aligned numbers end under their header
+    assert all(row[tok_s - 1].isdigit() and row[tok_s] == " " for row in rows)
 
 
 def _check_bandwidth_and_prediction(results, target_entry):
@@ -170,9 +182,10 @@ def test_bench_on_a_bundle_without_a_chat_template(arch_bundles, tmp_path, capsy
 
 
 def test_bench_sampled_run_reports_no_identity(good_bundle):
-    gen = load(good_bundle)
+    gen = load(good_bundle, threads=1)
     results = run_bench(gen, [{"prompt": "ab"}], ["fixed:2"], max_new_tokens=10, temperature=0.8, seed=1)
     assert results["policies"]["fixed:2"]["identical_to_target"] is None
+    assert results["bandwidth"]["threads"] == 1                  # the read bound of the threads the model runs on
 
 
 def test_cpu_description_names_the_vector_extensions(tmp_path, monkeypatch):

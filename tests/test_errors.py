@@ -207,6 +207,9 @@ def test_export_cli_errors(capsys, sources, tmp_path):
         export_bundle(str(target), None, tmp_path / "b", max_seq_len=16, progress=None)
     for flags, says in [(("--quantize", "int4", "--block-size", "512"), "256"),
                         (("--block-size", "64"), "apply to quantized models"),
+                        (("--draft-block-size", "64"), "--draft-block-size applies to a quantized draft"),
+                        (("--quantize", "int4", "--draft-block-size", "48"), "--draft-block-size must be a power of two"),
+                        (("--quantize", "int4", "--draft-block-size", "64"), "there is none (--draft none)"),
                         (("--accuracy-level", "0"), "apply to quantized models"),
                         (("--rounding", "lsq"), "apply to quantized models"),
                         (("--quantize", "int4", "--rounding", "nearest"), "Invalid value for '--rounding'"),

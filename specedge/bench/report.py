@@ -6,7 +6,8 @@ from pathlib import Path
 
 
 def table(results: dict) -> str:
-    head = (f"{'policy':<11} {'tok/s':>7} {'speedup':>8} {'acc len':>8} {'k mean':>7} {'tgt calls/tok':>13} "
+    width = max([11, *map(len, results["policies"])])            # long names (adaptive:stop@hybrid) stay aligned
+    head = (f"{'policy':<{width}} {'tok/s':>7} {'speedup':>8} {'acc len':>8} {'k mean':>7} {'tgt calls/tok':>13} "
             f"{'draft':>6} {'verify':>7} {'other':>6} {'predicted':>9} {'meas/pred':>9} {'same':>5}  "
             "acceptance per position")
     lines = [head, "-" * len(head)]
@@ -16,7 +17,7 @@ def table(results: dict) -> str:
         per_pos = " ".join(f"{a:.2f}" for a in p["acceptance_per_position"]) or "-"
         predicted = f"{p['predicted_speedup']:8.2f}x" if p.get("predicted_speedup") else f"{'-':>9}"
         ratio = f"{p['measured_vs_predicted']:9.2f}" if p.get("measured_vs_predicted") else f"{'-':>9}"
-        lines.append(f"{name:<11} {p['tok_per_s']:7.2f} {p['speedup']:7.2f}x {p['mean_accepted_length']:8.2f} "
+        lines.append(f"{name:<{width}} {p['tok_per_s']:7.2f} {p['speedup']:7.2f}x {p['mean_accepted_length']:8.2f} "
                      f"{p['k_mean']:7.2f} {p['target_calls_per_token']:13.2f} {100 * split.get('draft', 0):5.1f}% "
                      f"{100 * split.get('verify', 0):6.1f}% {100 * split.get('other', 0):5.1f}% {predicted} {ratio} "
                      f"{same:>5}  {per_pos}")
@@ -41,13 +42,14 @@ def table(results: dict) -> str:
                         ", target single steps as 1 row: NOT equal to verify rows on this cpu (--target-rows 1)"))
         if machine.get("backend", "cpu") != "cpu":
             lines.append(f"backend: {machine['backend_detail']}")
-    lines.append("")
-    lines.append("top rejected draft tokens (position: draft -> target wanted, count)")
+    rejected = []
     for name, p in results["policies"].items():
         shown = ", ".join(f"{r['position']}: {r['draft_text']!r} -> {r['target_text']!r} x{r['count']}"
                           for r in p["top_rejections"][:4])
         if shown:
-            lines.append(f"  {name:<11} {shown}")
+            rejected.append(f"  {name:<{width}} {shown}")
+    if rejected:                                   # none under --policies target, or with every draft accepted
+        lines += ["", "top rejected draft tokens (position: draft -> target wanted, count)", *rejected]
     return "\n".join(lines)
 
 

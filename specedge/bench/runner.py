@@ -104,7 +104,7 @@ def run_bench(gen, prompts: list[dict], policies: list[str], max_new_tokens: int
     for spec in policies:
         gen.options(**config_options(spec))                    # validates every name before any work
     base = dict(max_new_tokens=max_new_tokens, temperature=temperature, ignore_eos=True)
-    bandwidth = [copy_bandwidth_in_child()]
+    bandwidth = [copy_bandwidth_in_child(threads=gen.threads)]        # the read rate the model's own threads reach
     for spec in policies:                                      # warm-up, excluded
         gen.generate(prompts[0]["prompt"], **{**base, "max_new_tokens": 8}, **config_options(spec), seed=seed)
     runs = {spec: [[None] * len(prompts) for _ in range(repeat)] for spec in policies}
@@ -120,7 +120,7 @@ def run_bench(gen, prompts: list[dict], policies: list[str], max_new_tokens: int
                 done += 1
                 if progress:
                     progress(done, total, f"repeat {r + 1}/{repeat}, prompt {i + 1}/{len(prompts)}, {spec}")
-    bandwidth.append(copy_bandwidth_in_child())                # before and after: drift shows, the best counts
+    bandwidth.append(copy_bandwidth_in_child(threads=gen.threads))     # before and after: drift shows, the best counts
     greedy = temperature == 0.0
     results = {spec: _aggregate(gen, spec, runs[spec], runs["target"], greedy) for spec in policies}
     target = results["target"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import math
@@ -18,7 +19,7 @@ from specedge.export.check import (check_graph, dequantized_overrides, prompt_ag
                                    reference_logits, source_logits)
 from specedge.export.dtype_audit import audit_dtype
 from specedge.export.onnx_builder import FLOAT_TYPES, GraphBuilder
-from specedge.export.quantize import Quantization, parse_quantization
+from specedge.export.quantize import Quantization, fitting_block_size, parse_quantization
 from specedge.export.reference_model import long_rope_everywhere, skeleton
 from specedge.export.source_weights import SourceWeights, open_weights
 from specedge.export.sources import Source, open_source
@@ -60,10 +61,13 @@ def default_tolerance(max_abs_logit: float, quantization: Quantization | None = 
 
 def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: int = 2048, max_draft: int = 8,
                   tolerance: float | None = None, force: bool = False, progress=print,
-                  quantize: str | None = None, draft_quantize: str | None = None, block_size: int = 32,
-                  accuracy_level: int = 4, rounding: str = "minmax", attention: str | None = None,
+                  quantize: str | None = None, draft_quantize: str | None = None, block_size: int | None = None,
+                  draft_block_size: int | None = None, accuracy_level: int = 4, rounding: str = "minmax", attention: str | None = None,
                   quantize_embeddings: bool | None = None, dtype: str = "float32", check: bool = True) -> Path:
     """quantize: "none" | "int4" | "int8" for the target, and the draft unless draft_quantize says otherwise;
+    block_size: the target's quantization block (None: 32), and the draft's unless draft_block_size says otherwise;
+    draft_block_size: None with block_size None: the coarsest of 128, 64, 32 dividing the draft's matrices (its
+    rounding changes only its speed and acceptance: quantize.DRAFT_BLOCK_SIZES);
     rounding: "minmax" (the default) | "lsq" (weighted least squares): how quantized blocks pick scale and zero
     point (quantize.py);
     attention: "gqa" (GroupQueryAttention, one row a call) | "standard" (standard ops, any batch; see
@@ -95,13 +99,20 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
     if draft is None and draft_quantize not in (None, "none"):
         raise ExportOptionError(f"--draft-quantize needs a draft model (--draft none): drop it, or use --quantize "
                                 f"{draft_quantize} for the target")
-    quantizations = {"target": parse_quantization(quantize, block_size, accuracy_level, rounding),
-                     "draft": parse_quantization(draft_quantize or quantize, block_size, accuracy_level, rounding)}
+    fit_draft_block = draft_block_size is None and block_size is None
+    if draft_block_size is not None and (not 16 <= draft_block_size <= 256 or draft_block_size & (draft_block_size - 1)):
+        raise ExportOptionError(f"--draft-block-size must be a power of two from 16 to 256, got {draft_block_size}")
+    quantizations = {"target": parse_quantization(quantize, block_size or 32, accuracy_level, rounding),
+                     "draft": parse_quantization(draft_quantize or quantize, draft_block_size or block_size or 32,
+                                                 accuracy_level, rounding)}
+    if draft_block_size is not None and (draft is None or quantizations["draft"] is None):
+        raise ExportOptionError("--draft-block-size applies to a quantized draft: " + (
+            "there is none (--draft none)" if draft is None else "add --draft-quantize (or --quantize) int4 / int8"))
     if dtype == "bfloat16" and any(quantizations.values()):
         raise ExportOptionError("--dtype bf16 cannot be combined with --quantize/--draft-quantize (MatMulNBits runs "
                                 "float32 or float16 activations); use --dtype fp16 for quantized half-precision "
                                 "bundles")
-    if not any(quantizations.values()) and (block_size, accuracy_level, rounding) != (32, 4, "minmax"):
+    if not any(quantizations.values()) and (block_size or 32, accuracy_level, rounding) != (32, 4, "minmax"):
         raise ExportOptionError("--block-size, --accuracy-level and --rounding apply to quantized models: add "
                                 "--quantize or --draft-quantize int4 / int8")
     if tolerance is not None and not math.isfinite(tolerance):      # nan fails every check, inf passes any
@@ -134,7 +145,7 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
         for role, source in sources.items():
             models[role], ids = _export_model(role, source, work, vocab_size, max_seq_len, max_draft, tolerance,
                                               say, quantizations[role], prompts, attention, quantize_embeddings,
-                                              dtype, check)
+                                              dtype, check, fit_block=role == "draft" and fit_draft_block)
             ids = [i for i in ids if i < vocab_size]
             if role == "target":
                 eos_ids = list(dict.fromkeys(ids))
@@ -332,7 +343,9 @@ def _half_check(path: Path, entry: dict, reference, ids, vocab_size: int, max_se
 
 def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_seq_len: int, max_draft: int,
                   tolerance: float | None, say, quantization: Quantization | None,
-                  prompts: list[list[int]], attention: str, quantize_embedding: bool = False, dtype: str = "float32", run_checks: bool = True) -> tuple[dict, list[int]]:
+                  prompts: list[list[int]], attention: str, quantize_embedding: bool = False, dtype: str = "float32",
+                  run_checks: bool = True, fit_block: bool = False) -> tuple[dict, list[int]]:
+    """fit_block: the quantization's block becomes the coarsest that fits this model's matrices (a draft's)."""
     cfg = source.config
     architecture, family = architecture_of(cfg)
     if dtype == "float16" and architecture.startswith("Gemma"):
@@ -369,6 +382,10 @@ def _export_model(role: str, source: Source, work: Path, vocab_size: int, max_se
     if spec.family != "gpt2" and isinstance(trained, int) and max_seq_len > trained:
         say(f"{role}: warning: max_seq_len {max_seq_len} exceeds the {trained} positions the model was made for; "
             "text beyond them may degrade")
+    if fit_block and quantization is not None:
+        quantization = dataclasses.replace(quantization, block_size=fitting_block_size(spec.matrix_input_sizes))
+        say(f"{role}: quantization blocks of {quantization.block_size} (a draft's blocks change its speed, not the "
+            "output; --draft-block-size sets them)")
     say(f"{role}: opening the weights of {architecture} ({spec.num_layers} layers, hidden {spec.hidden_size})")
     model = skeleton(source)                       # transformers' model without weights: the check's reference
     if spec.rope.get("long"):

@@ -54,6 +54,12 @@ class ModelSpec:
     def to_json(self) -> dict:
         return asdict(self)
 
+    @property
+    def matrix_input_sizes(self) -> list[int]:
+        """The K (input width) of every weight matrix the step graph multiplies with: where quantization blocks
+        are cut."""
+        return [self.hidden_size, self.num_heads * self.head_dim, self.intermediate_size]
+
 
 def rope_inv_freq(rope: dict, head_dim: int) -> np.ndarray:
     """Inverse frequencies [head_dim // 2] for the rope settings a config carries (head_dim: the dims it turns)."""

@@ -55,6 +55,7 @@ class Generator:
         if target_rows not in ("auto", 1, 2):
             raise OptionError(f"target_rows must be 'auto', 1 or 2, got {target_rows!r}")
         self.path = Path(bundle)
+        self.threads = threads                              # intra-op threads per model (None: every core)
         self.manifest = m = read_manifest(self.path)
         self.backend_choice = None                          # what `auto` picked, and why
         if backend == "auto":

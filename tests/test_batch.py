@@ -324,6 +324,19 @@ def test_a_probe_costs_one_row_and_stops_where_even_perfect_acceptance_cannot_pa
     assert policy.costs.measured(3, 2) and policy.probe_gap(3) == policy.max_probe_gap
 
 
+def test_an_engine_left_empty_tells_its_shared_policies(bad_batch_bundle):
+    """Two requests at once, then none: the adaptive policy hears that the load fell to nothing, so the next lone
+    request is a stretch that grew (what feeding its prompt can earn is not capped by the drain before it)."""
+    gen = load(bad_batch_bundle, max_batch=2)
+    together(gen, [(p, dict(max_new_tokens=6 + 4 * i, ignore_eos=True, policy="adaptive"))
+                   for i, p in enumerate(PROMPTS[:2])])               # the longer one ends alone: a drain at B = 1
+    clock = gen.shared_policy("adaptive").stretches
+    assert clock.batch == 0 and not clock.shrunk and 1 in clock.mean_steps
+    learned = dict(clock.mean_steps)
+    gen.generate(PROMPTS[2], max_new_tokens=4, ignore_eos=True, policy="adaptive")
+    assert clock.batch == 0 and clock.mean_steps == learned         # a stretch that grew is not learned
+
+
 def _joined_while_off(gen, prompt, max_new_tokens):
     """Starts a request while the shared adaptive policy is off, then turns speculation on at k = 3."""
     gen.generate(PROMPTS[0], max_new_tokens=4, ignore_eos=True, policy="adaptive")   # creates the shared policy
@@ -391,8 +404,8 @@ def test_a_draft_too_far_behind_for_the_tokens_left_does_not_catch_up(batch_bund
 
 
 def test_a_prompt_goes_to_the_draft_only_where_the_tokens_asked_repay_feeding_it(batch_bundles):
-    """Feeding the draft a prompt costs about a draft prefill of it (timed, and learned as the cost a token of
-    feeding a draft); where the tokens asked would not repay it (on the int4 pair a draft prefill is half the
+    """Feeding the draft a prompt costs about a draft prefill of it (timed, and learned as what feeding a draft
+    that many tokens costs); where the tokens asked would not repay it (on the int4 pair a draft prefill is half the
     target's, and at B = 2 speculating saved less than that over 64 tokens) the draft is not fed, the row does
     not draft, and its output is still the target's."""
     gen = load(batch_bundles["qwen2"], max_batch=2)
@@ -400,7 +413,7 @@ def test_a_prompt_goes_to_the_draft_only_where_the_tokens_asked_repay_feeding_it
     expected = gen.generate(prompt, max_new_tokens=20, ignore_eos=True, policy="target").tokens
     gen.generate(PROMPTS[0], max_new_tokens=16, ignore_eos=True, policy="adaptive")   # creates the shared policy
     policy = gen.shared_policy("adaptive")
-    assert policy.catch_up_s_per_token is not None                    # the prompt fed to the draft was timed
+    assert policy.catch_up(len(PROMPTS[0])) is not None              # the prompt fed to the draft was timed
     asked = []
     policy.speculates_at = lambda batch: True                          # speculation would win: only the cost decides
     policy.catch_up_pays = lambda behind, remaining, batch=None: asked.append((behind, remaining)) and False

@@ -233,7 +233,8 @@ def test_adaptive_catches_a_draft_up_only_when_the_tokens_left_repay_it():
     policy = AdaptivePolicy(max_draft=8, probe_every=16)
     _drive_batch(policy, 1, 60)
     assert policy.catch_up_pays(100, 100) and not policy.catch_up_pays(100, 99)
-    policy.observe_catch_up(64, 0.064)                                 # 1 ms a token
+    policy.observe_catch_up(32, 0.032)
+    policy.observe_catch_up(64, 0.064)                                 # 1 ms a token, no fixed cost
     saved = 1 / policy.plain_rate - 1 / policy.rate
     assert saved > 0
     needed = 100 * 0.001 / saved                                       # tokens left that repay 100 behind
@@ -349,6 +350,7 @@ def test_feeding_a_draft_is_weighed_at_the_batch_size_it_joins():
     draft = lambda rows: 0.004 * rows                                 # noqa: E731
     _drive_rows(policy, 2, 40, _one_drafting_row_loses, draft)
     _drive_rows(policy, 1, 30, _one_drafting_row_loses, draft)
+    policy.observe_catch_up(32, 0.32)
     policy.observe_catch_up(64, 0.64)                                 # 10 ms a token
     needed = {}
     for b in (1, 2):
@@ -358,6 +360,39 @@ def test_feeding_a_draft_is_weighed_at_the_batch_size_it_joins():
         assert not policy.catch_up_pays(100, int(needed[b]) - 1, batch=b)
     assert needed[2] > 1.2 * needed[1], needed
     assert policy.catch_up_pays(100, 100, batch=8) and not policy.catch_up_pays(100, 99, batch=8)
+
+
+def test_feeding_costs_a_call_plus_a_cost_a_token():
+    """Catch-ups of a token or two cost about a whole draft call each; a prompt of 40 fed in one call costs that
+    call plus a little a token: weighed per token averaged over the small ones, the prompt looked 3x dearer and
+    was kept from the draft where speculating repaid it."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    _drive_batch(policy, 1, 60)
+    for tokens in (1, 2, 1, 3, 2):
+        policy.observe_catch_up(tokens, 0.010 + 0.003 * tokens)
+    policy.observe_catch_up(40, 0.010 + 0.003 * 40)
+    assert policy.catch_up(40) == pytest.approx(0.13, rel=0.02)
+    assert policy.catch_up(20) == pytest.approx(0.07, rel=0.1)       # read off the line between
+    saved = 1 / policy.plain_rate - 1 / policy.rate
+    needed = 0.13 / saved                                             # tokens to go that repay a 40-token prompt
+    assert policy.catch_up_pays(40, int(needed * 1.05) + 1) and not policy.catch_up_pays(40, int(needed * 0.95))
+
+
+def test_an_idle_engine_ends_the_stretch_so_a_lone_request_is_not_capped():
+    """A drain ends with one row for a few steps, then nothing; the next lone request grows from nothing, so what
+    feeding its prompt can earn is not capped by how long drains stayed at one row."""
+    drains = [2, 2, 1, 1, 1, 2, 1]                                    # one row for 3 steps, then the last drain
+    unseen = LoadStretches()
+    for b in drains + [1]:                                            # the idle engine unseen: the lone request
+        unseen.tick(b)                                                # continues the drain's stretch, capped
+    assert unseen.steps_left(1) == 3
+    clock = LoadStretches()
+    for b in drains:
+        clock.tick(b)
+    clock.idle()
+    assert clock.mean_steps == {1: 0.7 * 3 + 0.3 * 1}                 # the last drain's stretch is learned too
+    clock.tick(1)
+    assert clock.steps_left(1) is None
 
 
 def test_load_stretches_learn_how_long_the_load_stays_where_it_dropped():

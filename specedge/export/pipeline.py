@@ -62,8 +62,9 @@ def default_tolerance(max_abs_logit: float, quantization: Quantization | None = 
 def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: int = 2048, max_draft: int = 8,
                   tolerance: float | None = None, force: bool = False, progress=print,
                   quantize: str | None = None, draft_quantize: str | None = None, block_size: int | None = None,
-                  draft_block_size: int | None = None, accuracy_level: int = 4, rounding: str = "minmax", attention: str | None = None,
-                  quantize_embeddings: bool | None = None, dtype: str = "float32", check: bool = True) -> Path:
+                  draft_block_size: int | None = None, accuracy_level: int = 4, rounding: str = "minmax",
+                  attention: str | None = None, quantize_embeddings: bool | None = None, dtype: str = "float32",
+                  check: bool = True) -> Path:
     """quantize: "none" | "int4" | "int8" for the target, and the draft unless draft_quantize says otherwise;
     block_size: the target's quantization block (None: 32), and the draft's unless draft_block_size says otherwise;
     draft_block_size: None with block_size None: the coarsest of 128, 64, 32 dividing the draft's matrices (its
@@ -100,7 +101,8 @@ def export_bundle(target: str, draft: str | None, out: str | Path, max_seq_len: 
         raise ExportOptionError(f"--draft-quantize needs a draft model (--draft none): drop it, or use --quantize "
                                 f"{draft_quantize} for the target")
     fit_draft_block = draft_block_size is None and block_size is None
-    if draft_block_size is not None and (not 16 <= draft_block_size <= 256 or draft_block_size & (draft_block_size - 1)):
+    if draft_block_size is not None and not (16 <= draft_block_size <= 256 and
+                                             draft_block_size & (draft_block_size - 1) == 0):
         raise ExportOptionError(f"--draft-block-size must be a power of two from 16 to 256, got {draft_block_size}")
     quantizations = {"target": parse_quantization(quantize, block_size or 32, accuracy_level, rounding),
                      "draft": parse_quantization(draft_quantize or quantize, draft_block_size or block_size or 32,

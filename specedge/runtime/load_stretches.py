@@ -7,7 +7,9 @@ tokens that catch-up paid; weighed against how long a batch that shrank to one r
 
 Only stretches entered by shrinking are learned and capped: a stretch entered by growing (a lone request, a
 request joining) is the one a prompt is fed for, and capping it could stop a run of lone requests from feeding
-their prompts (the case where speculation pays most).
+their prompts (the case where speculation pays most). An engine left with no sequence says so (`idle`): without
+it, the next lone request continued the stretch its predecessor's drain had shrunk to, was capped, and through a
+server at one client after eight ran all its requests without speculation (2026-12-07).
 """
 
 from __future__ import annotations
@@ -29,10 +31,19 @@ class LoadStretches:
             self.elapsed += 1
             return
         if self.shrunk:
-            old = self.mean_steps.get(self.batch)
-            self.mean_steps[self.batch] = self.elapsed if old is None else self.decay * old + (1 - self.decay) * self.elapsed
+            self._learn(self.batch, self.elapsed)
         self.shrunk = self.batch is not None and batch < self.batch
         self.batch, self.elapsed = batch, 1
+
+    def idle(self) -> None:
+        """No sequence is left: the current stretch ends here, and whatever comes next begins by growing."""
+        if self.batch and self.shrunk:
+            self._learn(self.batch, self.elapsed)
+        self.batch, self.shrunk, self.elapsed = 0, False, 0
+
+    def _learn(self, batch: int, steps: int) -> None:
+        old = self.mean_steps.get(batch)
+        self.mean_steps[batch] = steps if old is None else self.decay * old + (1 - self.decay) * steps
 
     def steps_left(self, batch: int) -> float | None:
         """Expected further steps at this batch size, or None where nothing caps it (the stretch began by growing,

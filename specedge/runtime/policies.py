@@ -14,7 +14,7 @@ import math
 from specedge.errors import OptionError
 from specedge.runtime.confidence import ConfidenceCalibration
 from specedge.runtime.load_stretches import LoadStretches
-from specedge.runtime.step_costs import CostModel, ema
+from specedge.runtime.step_costs import CostCurve, CostModel
 
 
 class Policy:
@@ -66,6 +66,9 @@ class Policy:
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         pass
+
+    def observe_idle(self) -> None:
+        """The engine has no sequence left (a shared policy hears it once its last row has ended)."""
 
 
 class FixedPolicy(Policy):
@@ -170,7 +173,10 @@ class AdaptivePolicy(Policy):
         self.plain_rate = None                    # tokens/s of one row at k = 0 and at the chosen k, last weighed
         self.best_tokens = None                   # tokens a row commits a step at that best k
         self.stretches = LoadStretches()          # how long the load stays at a size it dropped to
-        self.catch_up_s_per_token = None          # what feeding a draft that fell behind costs, measured
+        # what feeding a draft that fell behind costs, measured, as a function of the tokens fed in one call: a call's
+        # fixed cost dominates the catch-ups of a few tokens, so a cost per token averaged over those made a 40-token
+        # prompt look 3x dearer than it is (13 ms a token against about 4 in one call) and kept it from the draft
+        self.catch_up = CostCurve()
 
     def acceptance(self) -> list[float]:
         rates, last = [], None
@@ -340,8 +346,8 @@ class AdaptivePolicy(Policy):
         return self._best(self._rates(costs, batch)) > 0 and (batch == 1 or self.costs.measured(batch, 2))
 
     def catch_up_pays(self, behind: int, remaining: int, batch: int | None = None) -> bool:
-        """Feeding `behind` tokens (a prompt, or text missed while off) costs about a draft prefill of them, at the
-        measured seconds a token; speculating over the `remaining` tokens saves 1/plain - 1/best seconds a token,
+        """Feeding `behind` tokens (a prompt, or text missed while off) costs about a draft prefill of them, read off
+        the line through the feeds measured (a call's fixed cost plus a cost a token: `catch_up`); speculating over the `remaining` tokens saves 1/plain - 1/best seconds a token,
         the per-row rates at this batch size (None: as last weighed). Until feeding has been measured, and for a
         probe (off, nothing is expected to be saved: the probe is what finds out): behind <= remaining. A prompt
         fed to the draft for 64 tokens at B = 2, where speculating gained 3% on the int4 pair, cost more (a draft
@@ -355,14 +361,18 @@ class AdaptivePolicy(Policy):
         steps = self.stretches.steps_left(self.last_batch if batch is None else batch)
         if steps is not None and tokens:
             remaining = min(remaining, steps * tokens)
-        if self.catch_up_s_per_token is None or not plain or not best or best <= plain:
+        cost = self.catch_up(behind)
+        if cost is None or not plain or not best or best <= plain:
             return behind <= remaining
         saved = 1.0 / plain - 1.0 / best
-        return remaining * saved >= behind * self.catch_up_s_per_token
+        return remaining * saved >= cost
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         if tokens:
-            self.catch_up_s_per_token = ema(self.catch_up_s_per_token, seconds / tokens, 0.5)
+            self.catch_up.observe(tokens, seconds, self.costs.steps)
+
+    def observe_idle(self) -> None:
+        self.stretches.idle()
 
     def keep_drafting(self, confidences: list[float]) -> bool:
         n = len(confidences)

@@ -199,6 +199,9 @@ class Scheduler:
         leaving = [s for s in self.running if s.done and s.stats.stop_reason]
         occupied = {s.slot for s in keep}
         spare = [j for j in range(len(keep), self.max_batch) if j not in occupied]
+        if not keep and not self.waiting:          # the load fell to nothing: what comes next grows from there
+            for policy in {id(s.policy): s.policy for s in self.running if s.policy.shared}.values():
+                policy.observe_idle()
         self.running = keep
         self.cache.leave(leaving, spare, len(keep))
         for new_slot, seq in enumerate(keep):              # compaction: lowest first

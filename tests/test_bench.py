@@ -131,6 +131,22 @@ def test_copy_bandwidth_measures_something():
     assert odd["bytes"] == 8 << 20 and odd["read_best"] > 1e8
 
 
+def test_the_bandwidth_child_runs_blas_on_the_models_threads(monkeypatch):
+    """The matrix-vector read runs on BLAS threads, which read their count at import: a child started inside
+    blas_threads inherits it, and the parent's environment is restored after."""
+    import os
+
+    from specedge.bench.bandwidth import blas_threads
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    with blas_threads(1):
+        assert os.environ["OPENBLAS_NUM_THREADS"] == os.environ["OMP_NUM_THREADS"] == "1"
+    assert "OPENBLAS_NUM_THREADS" not in os.environ and os.environ["OMP_NUM_THREADS"] == "7"
+    with blas_threads(None):
+        assert os.environ["OMP_NUM_THREADS"] == "7"
+
+
 def test_bench_rejects_bad_input(good_bundle, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "no prompt field"}\n')

@@ -6,6 +6,7 @@ from specedge.errors import OptionError
 from specedge.runtime.drafters import lookup, lookup_for
 from specedge.runtime.load_stretches import LoadStretches
 from specedge.runtime.policies import RECHECK_MARGIN, AdaptivePolicy, FixedPolicy, HeuristicPolicy, make_policy
+from specedge.runtime.step_costs import FeedCost
 
 DRAFT_S, VERIFY_BASE_S, VERIFY_PER_TOKEN_S = 0.03, 0.25, 0.02     # a CPU-like regime: verify nearly flat
 
@@ -372,10 +373,35 @@ def test_feeding_costs_a_call_plus_a_cost_a_token():
         policy.observe_catch_up(tokens, 0.010 + 0.003 * tokens)
     policy.observe_catch_up(40, 0.010 + 0.003 * 40)
     assert policy.catch_up(40) == pytest.approx(0.13, rel=0.02)
-    assert policy.catch_up(20) == pytest.approx(0.07, rel=0.1)       # read off the line between
+    assert policy.catch_up(20) == pytest.approx(0.07, rel=0.02)      # read off the line between
+    assert policy.catch_up(400) == pytest.approx(1.3, rel=0.02)      # past 40: 40 tokens a call, 10 calls
     saved = 1 / policy.plain_rate - 1 / policy.rate
     needed = 0.13 / saved                                             # tokens to go that repay a 40-token prompt
     assert policy.catch_up_pays(40, int(needed * 1.05) + 1) and not policy.catch_up_pays(40, int(needed * 0.95))
+
+
+def test_feed_cost_keeps_a_sane_shape_on_few_or_noisy_calls():
+    """The fit's guards: one size measured prices in proportion; a flat line past the sizes measured does not make
+    a long prompt as cheap as one small call; a negative intercept does not make small feeds free; old calls age
+    out."""
+    one = FeedCost()
+    one.observe(2, 0.03)
+    assert one(60) == pytest.approx(0.9)                              # in proportion: the old per-token price
+    flat = FeedCost()
+    for tokens, seconds in ((2, 0.036), (3, 0.033), (4, 0.035)):
+        flat.observe(tokens, seconds)
+    assert flat(4) == pytest.approx(0.035, rel=0.1) and flat(400) == pytest.approx(100 * flat(4))
+    steep = FeedCost()
+    for tokens, seconds in ((64, 0.2), (128, 0.5), (256, 1.2)):
+        steep.observe(tokens, seconds)
+    assert 0.02 < steep(8) < 0.2                                      # no fixed cost below 0: not free
+    recent = FeedCost(keep=4)
+    for _ in range(4):
+        recent.observe(10, 1.0)
+    for _ in range(4):
+        recent.observe(10, 0.1)
+    assert recent(10) == pytest.approx(0.1)
+    assert FeedCost()(10) is None
 
 
 def test_an_idle_engine_ends_the_stretch_so_a_lone_request_is_not_capped():

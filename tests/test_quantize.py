@@ -193,6 +193,10 @@ def test_manifest_records_quantization_and_its_cost(quantized_bundles):
     lsq = _manifest(quantized_bundles["int4-lsq"])["models"]
     assert all(m["quantization"]["rounding"] == "lsq" for m in lsq.values())
     assert lsq["draft"]["quantization"]["block_size"] == 32                      # draft_block_size given
+    # a draft's default tolerance grows with the square root of its block (its numbers change only acceptance)
+    for entry, factor in ((draft, 2 ** 0.5), (lsq["draft"], 1.0), (both["target"], 1.0)):
+        check = entry["export_check"]
+        assert check["tolerance"] == pytest.approx((1e-2 + 0.2 * check["max_abs_logit"]) * factor)
     opted_out = _manifest(quantized_bundles["int8-acc0"])["models"]      # quantize_embeddings=False
     assert all(m["quantization"]["embedding"] is False and m["embedding_bytes"] == 4 * TARGET_ROWS * 64
                for m in opted_out.values())

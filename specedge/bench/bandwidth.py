@@ -12,6 +12,7 @@ beside its reads, so copy traffic can exceed what the same cores can read.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -55,12 +56,32 @@ def copy_bandwidth(nbytes: int = 512 << 20, repeats: int = 5, threads: int | Non
             "threads": threads, "bytes": src.nbytes}
 
 
+BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@contextlib.contextmanager
+def blas_threads(threads: int | None):
+    """The BLAS thread count for child processes started inside (BLAS reads it once, at import); None: unchanged."""
+    saved = {name: os.environ.get(name) for name in BLAS_THREAD_VARIABLES}
+    if threads:
+        os.environ.update({name: str(threads) for name in BLAS_THREAD_VARIABLES})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def copy_bandwidth_in_child(**kwargs) -> dict:
     """copy_bandwidth in a fresh child process, so that its two buffers (1 GiB by default) stay out of the
-    peak resident memory that bench reports for the run."""
+    peak resident memory that bench reports for the run. With `threads`, the child's BLAS (the matrix-vector read)
+    runs that many threads too."""
     import multiprocessing
 
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
+    with blas_threads(kwargs.get("threads")), multiprocessing.get_context("spawn").Pool(1) as pool:
         return pool.apply(copy_bandwidth, kwds=kwargs)
 
 

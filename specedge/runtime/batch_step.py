@@ -43,6 +43,7 @@ class StepRecord:
     draft_s: float = 0.0            # wall time of the draft phase (calls + host work), catch-up included
     catch_up_s: float = 0.0         # ... of which feeding drafts that fell behind (not a cost of drafting k)
     catch_up_tokens: int = 0        # ... and how many tokens that fed
+    catch_up_calls: list = field(default_factory=list)   # (tokens, seconds) of each feeding call
     verify_s: float = 0.0           # wall time of the verify phase (call + acceptance + commit bookkeeping)
     model_s: float = 0.0            # time inside backend calls
     verify_tokens: int = 0          # B x T of the verify call
@@ -121,6 +122,7 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
             record.model_s += seconds
             record.catch_up_s += seconds
             record.catch_up_tokens += s.dft_pos - before
+            record.catch_up_calls.append((s.dft_pos - before, seconds))
             if not whole:
                 break
     live = [s for s in live if len(s.tokens) - s.dft_pos <= 2]

@@ -98,6 +98,7 @@ class Generator:
         self.scheduler = Scheduler(self.models, max_batch, max_queue, self.decode, prompt_cache=self.prompt_cache)
         self.scheduler.background = background
         self._shared_policies: dict[tuple[str, str], object] = {}
+        self.scheduler.shared_policies = self._shared_policies
         self._worker: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._closed = False

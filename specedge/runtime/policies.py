@@ -14,7 +14,7 @@ import math
 from specedge.errors import OptionError
 from specedge.runtime.confidence import ConfidenceCalibration
 from specedge.runtime.load_stretches import LoadStretches
-from specedge.runtime.step_costs import CostCurve, CostModel
+from specedge.runtime.step_costs import CostModel, FeedCost
 
 
 class Policy:
@@ -68,7 +68,7 @@ class Policy:
         pass
 
     def observe_idle(self) -> None:
-        """The engine has no sequence left (a shared policy hears it once its last row has ended)."""
+        """The engine has no sequence left, running or waiting (every shared policy of the engine hears it)."""
 
 
 class FixedPolicy(Policy):
@@ -130,8 +130,8 @@ class AdaptivePolicy(Policy):
     would show.
     The batch it weighs is the admitted load (the scheduler counts sequences still prefilling too), of which
     `drafting` rows can draft: a joining sequence feeds its prompt to the draft only where k > 0 would win
-    (speculates_at) and the tokens it asks for repay the feeding (catch_up_pays, from the measured cost a token
-    of feeding a draft, prompts and catch-ups alike), a draft that fell behind catches up only where the tokens
+    (speculates_at) and the tokens it asks for repay the feeding (catch_up_pays, from the measured cost of feeding
+    a draft, prompts and catch-ups alike: FeedCost), a draft that fell behind catches up only where the tokens
     left repay it, and a row that does not draft is weighed as committing one token a step while it pays for
     the longer verify call. While a batch ramps up (sequences still prefilling), a step whose decoding rows all hold
     their text in their drafts is weighed for those rows (`_ramp_k`), the load's own state left alone.
@@ -173,10 +173,7 @@ class AdaptivePolicy(Policy):
         self.plain_rate = None                    # tokens/s of one row at k = 0 and at the chosen k, last weighed
         self.best_tokens = None                   # tokens a row commits a step at that best k
         self.stretches = LoadStretches()          # how long the load stays at a size it dropped to
-        # what feeding a draft that fell behind costs, measured, as a function of the tokens fed in one call: a call's
-        # fixed cost dominates the catch-ups of a few tokens, so a cost per token averaged over those made a 40-token
-        # prompt look 3x dearer than it is (13 ms a token against about 4 in one call) and kept it from the draft
-        self.catch_up = CostCurve()
+        self.catch_up = FeedCost()                # what feeding a draft costs, measured call by call
 
     def acceptance(self) -> list[float]:
         rates, last = [], None
@@ -346,9 +343,10 @@ class AdaptivePolicy(Policy):
         return self._best(self._rates(costs, batch)) > 0 and (batch == 1 or self.costs.measured(batch, 2))
 
     def catch_up_pays(self, behind: int, remaining: int, batch: int | None = None) -> bool:
-        """Feeding `behind` tokens (a prompt, or text missed while off) costs about a draft prefill of them, read off
-        the line through the feeds measured (a call's fixed cost plus a cost a token: `catch_up`); speculating over the `remaining` tokens saves 1/plain - 1/best seconds a token,
-        the per-row rates at this batch size (None: as last weighed). Until feeding has been measured, and for a
+        """Feeding `behind` tokens (a prompt, or text missed while off) costs about a draft prefill of them, as the
+        feeds measured call by call say (a call's fixed cost plus a cost a token: `catch_up`, a FeedCost);
+        speculating over the `remaining` tokens saves 1/plain - 1/best seconds a token, the per-row rates at this
+        batch size (None: as last weighed). Until feeding has been measured, and for a
         probe (off, nothing is expected to be saved: the probe is what finds out): behind <= remaining. A prompt
         fed to the draft for 64 tokens at B = 2, where speculating gained 3% on the int4 pair, cost more (a draft
         prefill is half a target prefill there) than it saved.
@@ -369,7 +367,7 @@ class AdaptivePolicy(Policy):
 
     def observe_catch_up(self, tokens: int, seconds: float) -> None:
         if tokens:
-            self.catch_up.observe(tokens, seconds, self.costs.steps)
+            self.catch_up.observe(tokens, seconds)
 
     def observe_idle(self) -> None:
         self.stretches.idle()

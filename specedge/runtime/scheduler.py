@@ -51,6 +51,7 @@ class Scheduler:
         self.events: deque[StepRecord] = deque(maxlen=EVENTS_KEPT)
         self.counters = Counter()       # target_calls, draft_calls, steps, prefill_chunks, cached_prompt_tokens
         self.on_step = None             # callback(record) after each decode step, on the driving thread (server metrics)
+        self.shared_policies: dict = {}  # the engine's shared policies (the generator's), told when the load is nothing
         self._inside = threading.local()   # .step: this thread is running an iteration (on_token runs there)
 
     # -- callers' side --------------------------------------------------------------------------
@@ -103,6 +104,7 @@ class Scheduler:
         except Exception as err:  # noqa: BLE001 - reported to every running sequence's caller
             self._fail(self.running, err)
             self.running = []
+            self._idle()
         finally:
             self._inside.step = False
 
@@ -186,6 +188,13 @@ class Scheduler:
         with self.drive:
             self.cache.clear()
 
+    def _idle(self) -> None:
+        """Nothing runs: if nothing live waits either, every shared policy hears that the load fell to nothing (what
+        comes next grows from there), those of the sequences that just ended and any other the engine holds."""
+        if not any(not s.cancelled.is_set() for s in self.waiting):
+            for policy in self.shared_policies.values():
+                policy.observe_idle()
+
     def _retire(self) -> None:
         """Drops ended sequences and moves the others down into the holes (each kept sequence to its index). The
         list shrinks before anything is copied, so an interruption part-way neither records an ended sequence's
@@ -199,10 +208,9 @@ class Scheduler:
         leaving = [s for s in self.running if s.done and s.stats.stop_reason]
         occupied = {s.slot for s in keep}
         spare = [j for j in range(len(keep), self.max_batch) if j not in occupied]
-        if not keep and not self.waiting:          # the load fell to nothing: what comes next grows from there
-            for policy in {id(s.policy): s.policy for s in self.running if s.policy.shared}.values():
-                policy.observe_idle()
         self.running = keep
+        if not keep:
+            self._idle()
         self.cache.leave(leaving, spare, len(keep))
         for new_slot, seq in enumerate(keep):              # compaction: lowest first
             if seq.slot != new_slot:
@@ -262,7 +270,8 @@ class Scheduler:
         for policy in policies.values():
             policy.observe_costs(max(record.k), draft_s, record.verify_s, record.verify_tokens,
                                  record.verify_rows, record.draft_rows)
-            policy.observe_catch_up(record.catch_up_tokens, record.catch_up_s)
+            for tokens, seconds in record.catch_up_calls:
+                policy.observe_catch_up(tokens, seconds)
         for s, k, n in zip(rows, record.k, record.accepted):
             if not s.policy.shared:
                 s.policy.observe_costs(k, draft_s, record.verify_s, record.verify_tokens, len(rows))

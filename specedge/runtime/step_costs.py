@@ -4,6 +4,7 @@ phase over the tokens per row at each batch size (the adaptive policy's cost sid
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 # With one size seen, an unseen size s costs c0 * (1 + g * (s - s0) / s0). g = 0.1 per unit (a memory-bound
@@ -51,6 +52,47 @@ class CostCurve:
             self._line = (mx, my, max(slope, 0.0))
         mx, my, slope = self._line
         return max(my + slope * (size - mx), 1e-9)
+
+
+@dataclass
+class FeedCost:
+    """Seconds to feed a draft n tokens (a prompt chunk, or text it missed), fitted to the last `keep` calls
+    measured: a fixed cost a call plus a cost a token, least squares with the fixed cost kept between 0 and the
+    cheapest call and the cost a token >= 0. With one size measured, proportional to it. Past the largest size
+    measured, that size's cost in proportion: text is fed a chunk a call, so a long prompt costs its chunks' calls
+    (prompt chunks are the usual largest size). Catch-ups of a token or two cost about a whole call each: an average
+    a token over them priced a 40-token prompt at 13 ms a token, where one call fed it at about 4."""
+
+    keep: int = 64
+    calls: deque = field(default_factory=deque)
+    _fit: tuple | None = None                 # (fixed s, s a token, largest size seen), refitted after observe
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            self.calls.append((tokens, seconds))
+            while len(self.calls) > self.keep:
+                self.calls.popleft()
+            self._fit = None
+
+    def __call__(self, tokens: int) -> float | None:
+        if not self.calls:
+            return None
+        fixed, per_token, largest = self._fit or self._refit()
+        n = min(tokens, largest)
+        return (fixed + per_token * n) * tokens / n
+
+    def _refit(self) -> tuple:
+        xs, ys = zip(*self.calls)
+        largest = max(xs)
+        fixed = 0.0
+        if len(set(xs)) > 1:
+            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+            slope = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs), 0.0)
+            fixed = min(max(my - slope * mx, 0.0), min(ys))
+        # the cost a token for that fixed cost (least squares through it): with one size, seconds over tokens
+        per_token = max(sum(x * (y - fixed) for x, y in zip(xs, ys)) / sum(x * x for x in xs), 0.0)
+        self._fit = (fixed, per_token, largest)
+        return self._fit
 
 
 @dataclass

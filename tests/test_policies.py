@@ -401,7 +401,7 @@ def test_feed_cost_keeps_a_sane_shape_on_few_or_noisy_calls():
     for _ in range(4):
         recent.observe(10, 0.1)
     assert recent(10) == pytest.approx(0.1)
-    assert FeedCost()(10) is None
+    assert FeedCost()(10) is None and recent(0) == 0.0
 
 
 def test_an_idle_engine_ends_the_stretch_so_a_lone_request_is_not_capped():

@@ -77,6 +77,8 @@ class FeedCost:
     def __call__(self, tokens: int) -> float | None:
         if not self.calls:
             return None
+        if tokens <= 0:
+            return 0.0
         fixed, per_token, largest = self._fit or self._refit()
         n = min(tokens, largest)
         return (fixed + per_token * n) * tokens / n

@@ -103,8 +103,8 @@ def export(target, draft, out, max_seq_len, max_draft, tolerance, quantize, draf
         export_bundle(target, draft, out, max_seq_len=max_seq_len, max_draft=max_draft, tolerance=tolerance,
                       force=force, progress=lambda line: click.echo(line, err=True), quantize=quantize,
                       draft_quantize=draft_quantize, block_size=block_size, draft_block_size=draft_block_size,
-                      accuracy_level=accuracy_level,
-                      rounding=rounding, attention=attention, quantize_embeddings=quantize_embeddings, dtype=dtype)
+                      accuracy_level=accuracy_level, rounding=rounding, attention=attention,
+                      quantize_embeddings=quantize_embeddings, dtype=dtype)
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, before)

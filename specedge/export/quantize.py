@@ -45,10 +45,7 @@ class Quantization:
     def __post_init__(self):
         if self.bits not in (4, 8):
             raise ExportError(f"quantization bits must be 4 or 8, got {self.bits}")
-        # MatMulNBits takes powers of two from 16; beyond 256 a block spans more than a small model's rows (padded
-        # up to it: a bundle many times the model) and quantizes no better
-        if not 16 <= self.block_size <= 256 or self.block_size & (self.block_size - 1):
-            raise ExportOptionError(f"--block-size must be a power of two from 16 to 256, got {self.block_size}")
+        check_block_size(self.block_size)
         if self.accuracy_level not in range(5):
             raise ExportOptionError(f"--accuracy-level must be 0..4, got {self.accuracy_level}")
         if self.rounding not in ROUNDINGS:
@@ -70,6 +67,13 @@ def parse_quantization(name: str | None, block_size: int, accuracy_level: int,
     if name not in ("int4", "int8"):
         raise ExportError(f"unknown quantization '{name}' (known: none, int4, int8)")
     return Quantization(int(name[3:]), block_size, accuracy_level, rounding)
+
+
+def check_block_size(block_size: int, option: str = "--block-size") -> None:
+    """MatMulNBits takes powers of two from 16; beyond 256 a block spans more than a small model's rows (padded up
+    to it: a bundle many times the model) and quantizes no better."""
+    if not 16 <= block_size <= 256 or block_size & (block_size - 1):
+        raise ExportOptionError(f"{option} must be a power of two from 16 to 256, got {block_size}")
 
 
 def fitting_block_size(input_sizes: list[int]) -> int:

@@ -404,6 +404,22 @@ def test_feed_cost_keeps_a_sane_shape_on_few_or_noisy_calls():
     assert FeedCost()(10) is None and recent(0) == 0.0
 
 
+def test_one_slow_feeding_call_does_not_price_every_prompt():
+    """A bench warm-up fed the draft 5 tokens in 0.034 s and, once, in 0.309 s: averaged, every prompt cost 34 ms a
+    token, prompts were judged not worth feeding, nothing was measured again, and lone requests ran without their
+    draft. Each size enters as the lower median of its calls."""
+    warm = FeedCost()
+    warm.observe(5, 0.034)
+    warm.observe(5, 0.309)
+    assert warm(21) == pytest.approx(21 * 0.034 / 5)
+    mixed = FeedCost()
+    for seconds in (0.030, 0.032, 0.031, 0.300, 0.029):               # one slow call among five of 5 tokens
+        mixed.observe(5, seconds)
+    for seconds in (0.20, 0.21):
+        mixed.observe(64, seconds)
+    assert mixed(5) == pytest.approx(0.030, rel=0.05) and mixed(64) == pytest.approx(0.20, rel=0.05)
+
+
 def test_an_idle_engine_ends_the_stretch_so_a_lone_request_is_not_capped():
     """A drain ends with one row for a few steps, then nothing; the next lone request grows from nothing, so what
     feeding its prompt can earn is not capped by how long drains stayed at one row."""
@@ -490,7 +506,8 @@ def test_the_recheck_waits_for_a_step_that_can_measure_the_plain_step():
     """A batch ramps up one prefill chunk at a time: the policy weighs the admitted load (8) while fewer rows decode,
     and their plain steps are measured at their own row count. Forcing k = 0 for a recheck at B = 8 during the ramp
     measured nothing, so every ramp step was a plain step (10 of 37 steps of each B = 8 wave with the fp32 target,
-    where fixed:4 drafted through the ramp and ran 3-6% ahead). The recheck now waits for a step of 8 rows."""
+    where fixed:4 drafted through the ramp and ran 3-6% ahead). The recheck now waits for a step of 8 rows; the
+    load's first full steps measure what aged: a verify of drafts (a probe) and the plain step."""
     policy = AdaptivePolicy(max_draft=8, probe_every=16)
     verify = lambda b, t: 0.20 * (1 + 0.3 * (t - 1)) if b == 8 else 0.05 * b * (1 + 0.2 * (t - 1))  # noqa: E731
     draft = lambda rows: 0.01 * rows                                  # noqa: E731
@@ -508,7 +525,34 @@ def test_the_recheck_waits_for_a_step_that_can_measure_the_plain_step():
             policy.observe_acceptance(k, min(k, 1))
         ramp.append(k)
     assert min(ramp) >= 1, ramp                                       # speculates through the ramp
-    assert policy.next_k(8, batch=8, rows=8) == 0                     # the first full step re-measures
+    full = _drive_rows(policy, 8, 3, verify, draft, accept=first)
+    assert 1 <= sum(1 for k in full[0] if k) <= 2, full
+    assert full[1] == [0] * 8, full                                   # the first full steps re-measure: a probe,
+    assert policy.costs.age(8, 1) <= 1 and policy.costs.age(8, 2) <= 2   # then the plain step
+    assert min(full[2]) >= 1, full                                    # then every row speculates again
+
+
+def test_switching_on_weighs_a_fresh_plain_step_against_a_fresh_verify_of_drafts():
+    """The machine slows by 30% between the probe that measured 2 tokens a row at B = 4 and the plain steps measured
+    there since: weighed against each other, k = 2 wins by about a fifth on paper though every k > 0 loses by 10% or
+    more at either speed (every draft accepted). On the int4 pair a plain step measured in a slow burst (0.176 s)
+    against a 2-token verify measured before it (0.188 s) ran whole waves of 4 at k > 0 where target-only was 20%
+    faster. Where the verify of drafts is older than `recheck_after` steps, a probe measures it again before any
+    row speculates."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    speed = [1.0]
+    verify = lambda b, t: speed[0] * (0.046 + 0.004 * (t - 1) if b == 1 else 0.03 * b * (1 + 0.9 * (t - 1)))  # noqa
+    draft = lambda rows: speed[0] * 0.01 * rows                       # noqa: E731
+    _drive_rows(policy, 1, 30, verify, draft)
+    _drive_rows(policy, 4, 40, verify, draft)                         # the probe measures T = 2: off at B = 4
+    assert policy.costs.measured(4, 2) and policy.off
+    speed[0] = 1.3
+    _drive_rows(policy, 4, 40, verify, draft)                         # plain steps only, at the slower speed
+    assert policy.costs.age(4, 2) > policy.recheck_after
+    _drive_rows(policy, 3, 1, verify, draft)                          # a row leaves and joins: B = 4 is weighed again
+    back = _drive_rows(policy, 4, 30, verify, draft)
+    assert all(sum(1 for k in ks if k) <= 2 for ks in back), back     # probes of one or two rows, never all four
+    assert policy.costs.age(4, 2) < 30 and policy.off
 
 
 def test_a_ramp_whose_rows_hold_their_text_is_weighed_for_those_rows():

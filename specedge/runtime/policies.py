@@ -125,9 +125,10 @@ class AdaptivePolicy(Policy):
     a probe teaches acceptance, and acceptance cannot change that verdict. At each batch size the plain step is
     measured before any k is weighed against it, and a probe there measures what verifying 2 tokens a row costs
     before every row speculates (extrapolated from the plain step alone it looked 1.5x and turned k = 2 on at
-    B = 4, where it lost). Off, it does not weigh the options again until the probe or a change of batch size
-    (a plain step teaches it nothing): a tiny model's step is a fraction of a millisecond, and the weighing itself
-    would show.
+    B = 4, where it lost), and again where its last measurement there is over `recheck_after` steps old (the
+    machine's speed drifts, and a fresh plain step weighed against an old verify compares two speeds). Off, it
+    does not weigh the options again until the probe or a change of batch size (a plain step teaches it nothing):
+    a tiny model's step is a fraction of a millisecond, and the weighing itself would show.
     The batch it weighs is the admitted load (the scheduler counts sequences still prefilling too), of which
     `drafting` rows can draft: a joining sequence feeds its prompt to the draft only where k > 0 would win
     (speculates_at) and the tokens it asks for repay the feeding (catch_up_pays, from the measured cost of feeding
@@ -241,13 +242,17 @@ class AdaptivePolicy(Policy):
                 self.probe_gaps[batch] = min(2 * self.probe_gap(batch), self.max_probe_gap)
             return 0
         self.probe_gaps[batch] = self.probe_every
-        if batch > 1 and not self.costs.measured(batch, 2):
-            # k > 0 wins on extrapolated costs only: a probe measures them first (once; if it did not measure them,
-            # as when its row's draft was too far behind to catch up, the probe clock tries again later)
+        full = rows is None or rows >= batch
+        if batch > 1 and (not self.costs.measured(batch, 2) or (full and not self._drafted_lately(batch))):
+            # k > 0 wins on extrapolated or old costs only: a probe measures them first (once; if it did not measure
+            # them, as when its row's draft was too far behind to catch up, the probe clock tries again later). Old:
+            # this machine's speed drifts by 20% over a minute, and a plain step measured in a slow burst against a
+            # 2-token verify measured before it (0.176 s against 0.188 at B = 4) made k = 1 win by 41% on paper and
+            # ran whole waves at k > 0 where target-only was 20% faster. A ramp (fewer rows decode than the load)
+            # cannot measure the load's verify, so it goes by the old costs until the load's first full step
             self.off = True
             return 0 if probed else self._probe(batch)
-        if (rate[best] < RECHECK_MARGIN * rate[0] and self.costs.age(batch, 1) > self.recheck_after
-                and (rows is None or rows >= batch)):
+        if rate[best] < RECHECK_MARGIN * rate[0] and self.costs.age(batch, 1) > self.recheck_after and full:
             # while speculation is on the plain step is not measured, and a narrow win rests on its last measurement;
             # only a step of `batch` rows measures it (while sequences still prefill, fewer rows decode: a plain
             # step then measured nothing, and every step of a ramp-up was plain)
@@ -258,6 +263,12 @@ class AdaptivePolicy(Policy):
             self.explore_up = not self.explore_up
             return self._measured_growth(min(best + 1, max_k), batch) if self.explore_up else max(best - 1, 1)
         return best
+
+    def _drafted_lately(self, batch: int) -> bool:
+        """Whether a verify of drafts (2 tokens a row or more) was measured at this batch size within the last
+        `recheck_after` steps: while speculation runs there each step measures one; switching it on at B > 1 weighs
+        a fresh plain step against them, so they must be fresh too."""
+        return self.costs.widest(batch, within=self.recheck_after) >= 2
 
     def _measured_growth(self, k: int, batch: int) -> int:
         """k, or at most one verify width beyond the widest measured at this batch size: the costs of wider verifies
@@ -334,13 +345,14 @@ class AdaptivePolicy(Policy):
         sizes: only a lone sequence speculates from the start (it will measure); a batch measures its plain step
         first anyway, so a joining prompt goes to the draft only once speculation has won at that size (else it
         catches up then). The size weighed last keeps its verdict unless some rows could not draft then (their
-        drafts were not fed their text): off for that reason alone, it is weighed again as if all drafted."""
+        drafts were not fed their text): off for that reason alone, it is weighed again as if all drafted. A size
+        above 1 speculates only on verifies of drafts measured there lately (next_k probes before it turns on)."""
         if batch == self.last_batch and (not self.off or self.last_drafting == batch):
             return not self.off
         costs = [self.step_cost(k, batch) for k in range(self.max_draft + 1)]
         if any(c is None for c in costs) or not self.costs.measured(batch, 1):
             return batch == 1
-        return self._best(self._rates(costs, batch)) > 0 and (batch == 1 or self.costs.measured(batch, 2))
+        return self._best(self._rates(costs, batch)) > 0 and (batch == 1 or self._drafted_lately(batch))
 
     def catch_up_pays(self, behind: int, remaining: int, batch: int | None = None) -> bool:
         """Feeding `behind` tokens (a prompt, or text missed while off) costs about a draft prefill of them, as the

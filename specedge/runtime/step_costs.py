@@ -59,7 +59,7 @@ class CostCurve:
 class FeedCost:
     """Seconds to feed a draft n tokens (a prompt chunk, or text it missed), fitted to the last `keep` calls
     measured: a fixed cost a call plus a cost a token, least squares with the fixed cost kept between 0 and the
-    cheapest call and the cost a token >= 0. With one size measured, proportional to it. Past the largest size
+    cheapest size's cost and the cost a token >= 0. With one size measured, proportional to it. Past the largest size
     measured, that size's cost in proportion: text is fed a chunk a call, so a long prompt costs its chunks' calls
     (prompt chunks are the usual largest size). Catch-ups of a token or two cost about a whole call each: an average
     a token over them priced a 40-token prompt at 13 ms a token, where one call fed it at about 4.
@@ -67,7 +67,8 @@ class FeedCost:
     Each size enters the fit as the lower median of its calls: one draft call of 5 tokens took 0.309 s in a bench
     warm-up where another took 0.034; fitted to the calls themselves, that one priced every prompt at 25-34 ms a
     token (about 4 is right), a prompt judged not worth feeding is not fed, and so nothing measured better: in
-    `bench --batch` lone requests went about 490 steps without their drafts (1.07x target-only, fixed:4 1.20x)."""
+    `bench --batch` lone requests went about 490 steps without their drafts (1.07x target-only, fixed:4 1.20x).
+    A slow call at a size fed once (a prompt) is still taken as it is."""
 
     keep: int = 64
     calls: deque = field(default_factory=deque)
@@ -139,13 +140,17 @@ class CostModel:
         curve = self.by_batch.get(batch)
         return curve is not None and tokens_per_row in curve.seen
 
-    def widest(self, batch: int, within: int | None = None) -> int:
-        """The most tokens per row measured in a verify of `batch` rows (0: none); within: only widths measured
-        in the last `within` steps."""
+    def drafts_age(self, batch: int) -> float:
+        """Steps since a verify of drafts (2 tokens a row or more) was last measured at this batch size (inf:
+        never)."""
         curve = self.by_batch.get(batch)
-        if curve is None:
-            return 0
-        return max((t for t, when in curve.when.items() if within is None or self.steps - when <= within), default=0)
+        whens = [when for t, when in curve.when.items() if t >= 2] if curve is not None else []
+        return self.steps - max(whens) if whens else math.inf
+
+    def widest(self, batch: int) -> int:
+        """The most tokens per row measured in a verify of `batch` rows (0: none)."""
+        curve = self.by_batch.get(batch)
+        return max(curve.seen, default=0) if curve is not None else 0
 
     def verify(self, tokens: int, batch: int = 1) -> float | None:
         """Seconds of a verify phase of `tokens` in all (B x T) over `batch` rows."""

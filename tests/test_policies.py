@@ -506,7 +506,8 @@ def test_the_recheck_waits_for_a_step_that_can_measure_the_plain_step():
     """A batch ramps up one prefill chunk at a time: the policy weighs the admitted load (8) while fewer rows decode,
     and their plain steps are measured at their own row count. Forcing k = 0 for a recheck at B = 8 during the ramp
     measured nothing, so every ramp step was a plain step (10 of 37 steps of each B = 8 wave with the fp32 target,
-    where fixed:4 drafted through the ramp and ran 3-6% ahead). The recheck now waits for a step of 8 rows."""
+    where fixed:4 drafted through the ramp and ran 3-6% ahead). The recheck now waits for a step of 8 rows; the
+    load's first full steps measure what aged: a verify of drafts (a probe) and the plain step."""
     policy = AdaptivePolicy(max_draft=8, probe_every=16)
     verify = lambda b, t: 0.20 * (1 + 0.3 * (t - 1)) if b == 8 else 0.05 * b * (1 + 0.2 * (t - 1))  # noqa: E731
     draft = lambda rows: 0.01 * rows                                  # noqa: E731
@@ -524,7 +525,11 @@ def test_the_recheck_waits_for_a_step_that_can_measure_the_plain_step():
             policy.observe_acceptance(k, min(k, 1))
         ramp.append(k)
     assert min(ramp) >= 1, ramp                                       # speculates through the ramp
-    assert policy.next_k(8, batch=8, rows=8) == 0                     # the first full step re-measures
+    full = _drive_rows(policy, 8, 3, verify, draft, accept=first)
+    assert 1 <= sum(1 for k in full[0] if k) <= 2, full               # the first full steps re-measure a narrow
+    assert full[1] == [0] * 8, full                                   # win: its verify of drafts (a probe), then
+    assert policy.costs.age(8, 1) <= 1 and policy.costs.age(8, 2) <= 2   # its plain step
+    assert min(full[2]) >= 1, full                                    # then every row speculates again
 
 
 def test_switching_on_weighs_a_fresh_plain_step_against_a_fresh_verify_of_drafts():
@@ -551,9 +556,9 @@ def test_switching_on_weighs_a_fresh_plain_step_against_a_fresh_verify_of_drafts
 
 
 def test_a_size_left_speculating_resumes_without_a_probe():
-    """Where speculation was on when the load left a batch size, its plain step and its verify of drafts are about as
-    old when the load comes back: they compare one speed of the machine, and every row speculates at once (a probe
-    on each return would cost a step at every size a wave's drain passes through)."""
+    """Where speculation was on, winning clearly, when the load left a batch size, every row speculates at once when
+    the load comes back (a probe on each return would cost a step at every size a wave's drain passes through); a
+    narrow win is probed again (the test above)."""
     policy = AdaptivePolicy(max_draft=8, probe_every=16)
     flat = lambda b, t: 0.01 + 0.0005 * b * t                         # noqa: E731
     draft = lambda rows: 0.001 + 0.0001 * rows                        # noqa: E731

@@ -125,8 +125,8 @@ class AdaptivePolicy(Policy):
     a probe teaches acceptance, and acceptance cannot change that verdict. At each batch size the plain step is
     measured before any k is weighed against it, and a probe there measures what verifying 2 tokens a row costs
     before every row speculates (extrapolated from the plain step alone it looked 1.5x and turned k = 2 on at
-    B = 4, where it lost), and again where it was measured over `recheck_after` steps before the plain step there
-    (the machine's speed drifts, and a fresh plain step weighed against an old verify compares two speeds). Off, it
+    B = 4, where it lost), and again where that was over `recheck_after` steps ago (the machine's speed drifts,
+    and a fresh plain step weighed against an old verify compares two speeds; `_stale_drafts`). Off, it
     does not weigh the options again until the probe or a change of batch size (a plain step teaches it nothing):
     a tiny model's step is a fraction of a millisecond, and the weighing itself would show.
     The batch it weighs is the admitted load (the scheduler counts sequences still prefilling too), of which
@@ -175,6 +175,7 @@ class AdaptivePolicy(Policy):
         self.best_tokens = None                   # tokens a row commits a step at that best k
         self.stretches = LoadStretches()          # how long the load stays at a size it dropped to
         self.catch_up = FeedCost()                # what feeding a draft costs, measured call by call
+        self.left_on: dict[int, bool] = {}        # batch size -> whether its last full step speculated
 
     def acceptance(self) -> list[float]:
         rates, last = [], None
@@ -235,23 +236,27 @@ class AdaptivePolicy(Policy):
             rate = every
         best = self._best(rate)
         self.off = best == 0
+        full = rows is None or rows >= batch
         if best == 0:
+            if full:
+                self.left_on[batch] = False
             if self.costs.measured(batch, 2) and self._best(self._rates(costs, batch, perfect=True)) == 0:
                 self.probe_gaps[batch] = self.max_probe_gap
             elif probed:
                 self.probe_gaps[batch] = min(2 * self.probe_gap(batch), self.max_probe_gap)
             return 0
         self.probe_gaps[batch] = self.probe_every
-        full = rows is None or rows >= batch
-        if batch > 1 and (not self.costs.measured(batch, 2) or (full and self._two_speeds(batch))):
-            # k > 0 wins on extrapolated costs, or on a verify of drafts measured long before the plain step it is
-            # weighed against: a probe measures it first (once; if it did not measure it, as when its row's draft
-            # was too far behind to catch up, the probe clock tries again later). This machine's speed drifts by
-            # 20% over a minute, and a plain step measured in a slow burst against a 2-token verify measured before
-            # it (0.176 s against 0.188 at B = 4) made k = 1 win by 41% on paper and ran whole waves at k > 0 where
-            # target-only was 20% faster. A ramp (fewer rows decode than the load) cannot measure the load's verify,
-            # so it goes by the old costs until the load's first full step
+        if batch > 1 and (not self.costs.measured(batch, 2) or (full and self._stale_drafts(batch, rate, best))):
+            # k > 0 wins on extrapolated costs, or on a verify of drafts measured long ago: a probe measures it first
+            # (once; if it did not measure it, as when its row's draft was too far behind to catch up, the probe
+            # clock tries again later). This machine's speed drifts by 20% over a minute, and a plain step measured
+            # in a slow burst against a 2-token verify measured before it (0.176 s against 0.188 at B = 4) made
+            # k = 1 win by 41% on paper and ran whole waves at k > 0 where target-only was 20% faster. A ramp (fewer
+            # rows decode than the load) cannot measure the load's verify, so it goes by the old costs until the
+            # load's first full step
             self.off = True
+            if full:
+                self.left_on[batch] = False
             return 0 if probed else self._probe(batch)
         if rate[best] < RECHECK_MARGIN * rate[0] and self.costs.age(batch, 1) > self.recheck_after and full:
             # while speculation is on the plain step is not measured, and a narrow win rests on its last measurement;
@@ -259,18 +264,24 @@ class AdaptivePolicy(Policy):
             # step then measured nothing, and every step of a ramp-up was plain)
             return 0
         best = self._measured_growth(best, batch)
+        if full:
+            self.left_on[batch] = True
         self.steps += 1
         if self.steps % self.explore_every == 0:
             self.explore_up = not self.explore_up
             return self._measured_growth(min(best + 1, max_k), batch) if self.explore_up else max(best - 1, 1)
         return best
 
-    def _two_speeds(self, batch: int) -> bool:
-        """Whether the last verify of drafts (2 tokens a row or more) at this batch size was measured more than
-        `recheck_after` steps before its plain step was: while speculation is off there, the plain step is measured
-        every step and the verify of drafts ages, and weighing one against the other compares two speeds of the
-        machine. A size left with speculation on has both about as old, and resumes without a probe."""
-        return self.costs.drafts_age(batch) - self.costs.age(batch, 1) > self.recheck_after
+    def _stale_drafts(self, batch: int, rate: list[float], best: int) -> bool:
+        """Whether turning speculation on at this batch size (where `best` > 0 wins at `rate`) would rest on a verify
+        of drafts (2 tokens a row or more) measured over `recheck_after` steps ago. While speculation is off there the
+        plain step is measured every step and the verify of drafts ages: weighed against each other they compare
+        two speeds of the machine. A size the load left while speculating there with a clear win (RECHECK_MARGIN)
+        resumes without a probe: a drain passes through sizes last seen a wave ago, and a probe at each would cost
+        the speculation that wins there; a narrow win is probed again, and its plain step rechecked."""
+        if self.costs.drafts_age(batch) <= self.recheck_after:
+            return False
+        return not (self.left_on.get(batch) and rate[best] >= RECHECK_MARGIN * rate[0])
 
     def _measured_growth(self, k: int, batch: int) -> int:
         """k, or at most one verify width beyond the widest measured at this batch size: the costs of wider verifies
@@ -348,15 +359,16 @@ class AdaptivePolicy(Policy):
         first anyway, so a joining prompt goes to the draft only once speculation has won at that size (else it
         catches up then). The size weighed last keeps its verdict unless some rows could not draft then (their
         drafts were not fed their text): off for that reason alone, it is weighed again as if all drafted. A size
-        above 1 where the verify of drafts was measured long before the plain step (`_two_speeds`) does not: next_k
-        probes there before it turns on (a ramp aside, which goes by the old costs, so a prompt joining it may have
-        to catch up)."""
+        above 1 whose verify of drafts is old (`_stale_drafts`) does not: next_k probes there before it turns on (a
+        ramp aside, which goes by the old costs, so a prompt joining it may have to catch up)."""
         if batch == self.last_batch and (not self.off or self.last_drafting == batch):
             return not self.off
         costs = [self.step_cost(k, batch) for k in range(self.max_draft + 1)]
         if any(c is None for c in costs) or not self.costs.measured(batch, 1):
             return batch == 1
-        return self._best(self._rates(costs, batch)) > 0 and (batch == 1 or not self._two_speeds(batch))
+        rate = self._rates(costs, batch)
+        best = self._best(rate)
+        return best > 0 and (batch == 1 or not self._stale_drafts(batch, rate, best))
 
     def catch_up_pays(self, behind: int, remaining: int, batch: int | None = None) -> bool:
         """Feeding `behind` tokens (a prompt, or text missed while off) costs about a draft prefill of them, as the

@@ -1,8 +1,6 @@
 import json
 import signal
 import sys
-import threading
-import warnings
 from pathlib import Path
 
 import pytest
@@ -15,17 +13,14 @@ from specedge.export import export_bundle  # noqa: E402
 from specedge.runtime.backends import open_backend  # noqa: E402
 from specedge.runtime.backends.base import SlotCursor  # noqa: E402
 
-@pytest.fixture(autouse=True)
-def _sigint_left_as_found(request):
-    """The Ctrl+C tests need Python's own SIGINT handler. In one CI run (2026-12-08, the machine loaded) a handler
-    that does not raise was left installed by some earlier test and two of them failed; the culprit was not found.
-    Each test's SIGINT handler is put back as it found it, and a warning names a test that changed it."""
-    before = signal.getsignal(signal.SIGINT)
+
+@pytest.fixture
+def default_sigint():
+    """Python's own SIGINT handler for the test. A run started in the background of a non-interactive shell inherits
+    SIGINT ignored, and Python then installs no handler: the Ctrl+C tests failed in such a run of `.ci/run`."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
-    after = signal.getsignal(signal.SIGINT)
-    if after is not before and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, before)
-        warnings.warn(f"{request.node.nodeid} left SIGINT handled by {after!r}", stacklevel=1)
+    signal.signal(signal.SIGINT, previous)
 
 
 ARCHS = ("qwen2", "llama", "mistral", "gpt2", "qwen3", "gemma2", "gemma3", "phi3", "granite", "olmo2", "olmo3",

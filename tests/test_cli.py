@@ -164,7 +164,7 @@ def test_chat_goes_on_after_a_turn_that_fails(cli_bundle):
     assert "--system: with a one-word message the prompt has" in proc.stderr and "max_seq_len 128" in proc.stderr
 
 
-def test_ctrl_c_during_a_reply_stops_it_wherever_it_lands(cli_bundle, monkeypatch):
+def test_ctrl_c_during_a_reply_stops_it_wherever_it_lands(cli_bundle, monkeypatch, default_sigint):
     """Ctrl+C while the terminal is being written (not inside the stream): the reply still stops, and the
     interruption counts as handled (a later error is reported as itself)."""
     import specedge.chat_repl as repl

@@ -171,7 +171,7 @@ def test_bench_checks_its_output_folder_and_prompts_before_running(arch_bundles,
         assert code == 2 and "--batch" in err
 
 
-def test_ctrl_c_is_reported_as_an_interruption_whatever_it_became(capsys):
+def test_ctrl_c_is_reported_as_an_interruption_whatever_it_became(capsys, default_sigint):
     """Ctrl+C inside a library's lazy import surfaced as ModuleNotFoundError (a traceback) or as 'backend
     unavailable' (a wrong error): once an interrupt was seen, any exception is reported as the interruption."""
     watch = InterruptWatch()

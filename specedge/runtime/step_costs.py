@@ -144,8 +144,7 @@ class CostModel:
         """Steps since a verify of drafts (2 tokens a row or more) was last measured at this batch size (inf:
         never)."""
         curve = self.by_batch.get(batch)
-        whens = [when for t, when in curve.when.items() if t >= 2] if curve is not None else []
-        return self.steps - max(whens) if whens else math.inf
+        return min((self.age(batch, t) for t in curve.seen if t >= 2), default=math.inf) if curve is not None else math.inf
 
     def widest(self, batch: int) -> int:
         """The most tokens per row measured in a verify of `batch` rows (0: none)."""

@@ -143,8 +143,8 @@ class CostModel:
     def drafts_age(self, batch: int) -> float:
         """Steps since a verify of drafts (2 tokens a row or more) was last measured at this batch size (inf:
         never)."""
-        curve = self.by_batch.get(batch)
-        return min((self.age(batch, t) for t in curve.seen if t >= 2), default=math.inf) if curve is not None else math.inf
+        widths = self.by_batch[batch].seen if batch in self.by_batch else ()
+        return min((self.age(batch, t) for t in widths if t >= 2), default=math.inf)
 
     def widest(self, batch: int) -> int:
         """The most tokens per row measured in a verify of `batch` rows (0: none)."""

@@ -420,13 +420,36 @@ def test_a_prompt_goes_to_the_draft_only_where_the_tokens_asked_repay_feeding_it
     assert policy.catch_up.calls                                      # the prompt fed to the draft was timed
     asked = []
     policy.speculates_at = lambda batch: True                          # speculation would win: only the cost decides
-    policy.catch_up_pays = lambda behind, remaining, batch=None: asked.append((behind, remaining)) and False
+    policy.catch_up_pays = lambda behind, remaining, batch=None, unfed=1: asked.append((behind, remaining)) and False
     draft_calls = gen.counters.get("draft_calls", 0)
     gen.clear_prompt_cache()                               # the whole prompt to prefill (a free slot holds it)
     stream = gen.stream(prompt, max_new_tokens=20, ignore_eos=True, policy="adaptive")
     assert stream.wait().tokens == expected
     assert stream._seq.dft_pos == 0 and gen.counters.get("draft_calls", 0) == draft_calls
     assert asked[0] == (len(stream._seq.prompt_ids), 20)
+
+
+@pytest.mark.parametrize("pays", [False, True])
+def test_a_prompt_is_weighed_against_the_other_drafts_that_lack_their_text(batch_bundles, pays):
+    """Speculating saves the whole batch's wall time and takes every row's draft holding its text, so a prompt's
+    feeding shares that saving with the other rows still to be fed (a prompt not yet begun among them) and not with
+    those already fed: two prompts joining together are each weighed as one of 2 unless the first was fed."""
+    gen = load(batch_bundles["qwen2"], max_batch=2)
+    gen.generate(PROMPTS[0], max_new_tokens=4, ignore_eos=True, policy="adaptive")   # creates the shared policy
+    policy = gen.shared_policy("adaptive")
+    asked = {}
+    policy.speculates_at = lambda batch: True
+    policy.catch_up_pays = lambda behind, remaining, batch=None, unfed=1: asked.setdefault(behind, unfed) and pays
+    gen.clear_prompt_cache()
+    first, second = PROMPTS[2], PROMPTS[1]                             # 71 and 15 tokens or so: told apart by length
+    with gen.scheduler.wake:
+        streams = [gen.stream(p, max_new_tokens=8, ignore_eos=True, policy="adaptive") for p in (first, second)]
+    for stream in streams:
+        stream.wait()
+    lengths = [len(s._seq.prompt_ids) for s in streams]
+    assert lengths[0] != lengths[1]
+    assert asked[lengths[0]] == 2                                      # the second prompt not begun: one of 2
+    assert asked[lengths[1]] == (1 if pays else 2)                     # the first fed (paid for), or left unfed
 
 
 def test_adaptive_weighs_k_for_every_admitted_sequence_while_some_still_prefill(batch_bundles):

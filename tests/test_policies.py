@@ -345,8 +345,9 @@ def test_adaptive_weighs_rows_that_cannot_draft_as_committing_one_token():
 
 def test_feeding_a_draft_is_weighed_at_the_batch_size_it_joins():
     """What feeding a draft its missing text (a prompt, or what it missed) saves is read off the per-row rates at
-    the batch size the row is in: at B = 2 speculation gains less a token than alone, so it takes more tokens
-    to go to repay the same 100; a size never measured falls back to no more behind than left."""
+    the batch size the row is in: at B = 2 speculation gains less a token than alone, so it takes more tokens to go
+    to repay the same 100. The saving is the whole batch's and takes every row's draft fed, so where both rows lack
+    their text each repays half of it; a size never measured falls back to no more behind than left."""
     policy = AdaptivePolicy(max_draft=8, probe_every=16)
     draft = lambda rows: 0.004 * rows                                 # noqa: E731
     _drive_rows(policy, 2, 40, _one_drafting_row_loses, draft)
@@ -360,7 +361,29 @@ def test_feeding_a_draft_is_weighed_at_the_batch_size_it_joins():
         assert policy.catch_up_pays(100, int(needed[b]) + 1, batch=b)
         assert not policy.catch_up_pays(100, int(needed[b]) - 1, batch=b)
     assert needed[2] > 1.2 * needed[1], needed
+    assert not policy.catch_up_pays(100, int(needed[2]) + 1, batch=2, unfed=2)       # the other row lacks its text too
+    assert not policy.catch_up_pays(100, int(2 * needed[2]) - 2, batch=2, unfed=2)
+    assert policy.catch_up_pays(100, int(2 * needed[2]) + 2, batch=2, unfed=2)
     assert policy.catch_up_pays(100, 100, batch=8) and not policy.catch_up_pays(100, 99, batch=8)
+
+
+def test_feeding_is_weighed_on_what_was_observed_since_the_last_weighing():
+    """Off, the policy does not weigh k again until its probe, but whether feeding a draft pays is read off what was
+    observed since: weighed on the rates of a weighing made after bench's warm-up, every second row of a wave of 2
+    stayed unfed (a predicted +1.4% where the costs measured since said +8.5%), and so did speculation."""
+    policy = AdaptivePolicy(max_draft=8, probe_every=16)
+    _drive_batch(policy, 1, 60)
+    policy.observe_catch_up(32, 0.32)
+    policy.observe_catch_up(64, 0.64)                                 # 10 ms a token
+    weighed = (policy.plain_rate, policy.rate)
+    for _ in range(20):
+        policy.observe_acceptance(4, 0)                               # the draft got worse; nothing weighed since
+    plain, best, _ = policy._row_rates(1)
+    assert plain == pytest.approx(weighed[0]) and 1.5 < best / plain < weighed[1] / weighed[0] - 0.5
+    needed = {name: 1000 * 0.01 / (1 / p - 1 / b) for name, (p, b) in (("weighed", weighed), ("now", (plain, best)))}
+    assert needed["now"] > 1.2 * needed["weighed"], needed            # tokens to go that repay 1000 behind
+    assert not policy.catch_up_pays(1000, int(needed["now"]) - 1)
+    assert policy.catch_up_pays(1000, int(needed["now"]) + 1)
 
 
 def test_feeding_costs_a_call_plus_a_cost_a_token():

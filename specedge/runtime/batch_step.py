@@ -57,13 +57,24 @@ def timed(fn, *args, **kwargs):
     return out, time.perf_counter() - t
 
 
-def draft_ready(s: Sequence, batch: int | None = None) -> bool:
+def lacks_text(s: Sequence) -> bool:
+    """Whether s's draft model lacks s's text beyond what a draft call takes along: a decoding row more than two
+    tokens behind, or a row still prefilling whose prompt is not being fed to its draft (or not yet begun: whether
+    to feed it is still to be decided, and it would have to be fed for every row to draft)."""
+    if not s.uses_draft_model:
+        return False
+    if s.prefilled < len(s.prompt_ids):
+        return s.dft_pos != s.prefilled or s.prefilled == 0
+    return len(s.tokens) - s.dft_pos > 2
+
+
+def draft_ready(s: Sequence, batch: int | None = None, unfed: int = 1) -> bool:
     """Whether s's draft model holds s's text (at most the pending tokens missing), or feeding it what it lacks
-    pays for the tokens s still wants (Policy.catch_up_pays, at this batch size; None: as the policy last
-    weighed): catching up costs about a prefill of what it lacks, which a few speculative steps at the end of a
-    request may not repay."""
+    pays for the tokens s still wants (Policy.catch_up_pays, at this batch size, None: as the policy last
+    weighed, with `unfed` rows lacking their text): catching up costs about a prefill of what it lacks, which a
+    few speculative steps at the end of a request may not repay."""
     behind = len(s.tokens) - s.dft_pos
-    return behind <= 2 or s.policy.catch_up_pays(behind, s.opts.max_new_tokens - s.n_new, batch)
+    return behind <= 2 or s.policy.catch_up_pays(behind, s.opts.max_new_tokens - s.n_new, batch, unfed)
 
 
 def catch_up(m: Models, s: Sequence) -> float:
@@ -111,7 +122,8 @@ def draft_phase(m: Models, rows: list[Sequence], span: list[Sequence], record: S
             drafts[id(s)] = allowed_lookup(s, drafts[id(s)], masks[id(s)])
     q_rows = {id(s): [] for s in rows}
     live = [s for s in rows if s.k and s.uses_draft_model and not drafts[id(s)]]
-    live = [s for s in live if draft_ready(s)]   # a draft far behind catches up only where that pays
+    unfed = sum(1 for s in live if lacks_text(s))
+    live = [s for s in live if draft_ready(s, unfed=unfed)]   # a draft far behind catches up only where that pays
     alone = len(rows) == 1                     # no other row to stall: catch up all at once, and draft this step
     for s in live:
         # a seeded sampled row catches up all at once in a batch too: its draws must fall where they fall alone

@@ -25,7 +25,8 @@ import time
 from collections import Counter, deque
 
 from specedge.errors import SpecedgeError
-from specedge.runtime.batch_step import Models, StepRecord, draft_ready, shaped, speculative_step, timed
+from specedge.runtime.batch_step import (Models, StepRecord, draft_ready, lacks_text, shaped, speculative_step,
+                                         timed)
 from specedge.runtime.logprobs import token_logprobs
 from specedge.runtime.prompt_cache import PromptCache
 from specedge.runtime.sequences import GenerationResult, Sequence
@@ -234,9 +235,10 @@ class Scheduler:
         # (batch_step.catch_up), and a useless draft, a batch too large for speculation to pay, or a long prompt
         # for a short answer costs nothing per request
         load = len(self.running)
+        unfed = 1 + sum(1 for j in self.running if j is not s and j.policy is s.policy and lacks_text(j))
         if (s.uses_draft_model and self.m.draft is not None and s.dft_pos == s.prefilled
                 and s.policy.speculates_at(load)
-                and s.policy.catch_up_pays(len(s.prompt_ids) - s.prefilled, s.opts.max_new_tokens, load)):
+                and s.policy.catch_up_pays(len(s.prompt_ids) - s.prefilled, s.opts.max_new_tokens, load, unfed)):
             _, seconds = timed(self.m.draft.run, [s.prefilled], [chunk], [0], lo=s.slot, want="ids")
             s.policy.observe_catch_up(len(chunk), seconds)
             s.dft_pos = s.prefilled + len(chunk)
@@ -300,7 +302,8 @@ class Scheduler:
             if s.policy.shared:
                 if id(s.policy) not in shared:
                     mine = [r for r in rows if r.policy is s.policy and caps[id(r)]]
-                    ready = {id(r) for r in mine if not r.uses_draft_model or draft_ready(r, load)}
+                    unfed = sum(1 for j in self.running if j.policy is s.policy and lacks_text(j))
+                    ready = {id(r) for r in mine if not r.uses_draft_model or draft_ready(r, load, unfed)}
                     # a sequence still prefilling drafts once it decodes if its draft is being fed the prompt
                     drafting = len(ready) + sum(1 for j in self.running if j.policy is s.policy
                                                 and j.prefilled < len(j.prompt_ids)

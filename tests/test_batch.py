@@ -441,7 +441,7 @@ def test_a_prompt_is_weighed_against_the_other_drafts_that_lack_their_text(batch
     policy.speculates_at = lambda batch: True
     policy.catch_up_pays = lambda behind, remaining, batch=None, unfed=1: asked.setdefault(behind, unfed) and pays
     gen.clear_prompt_cache()
-    first, second = PROMPTS[2], PROMPTS[1]                             # 71 and 15 tokens or so: told apart by length
+    first, second = PROMPTS[2], PROMPTS[1]                             # told apart by their lengths
     with gen.scheduler.wake:
         streams = [gen.stream(p, max_new_tokens=8, ignore_eos=True, policy="adaptive") for p in (first, second)]
     for stream in streams:

@@ -370,7 +370,7 @@ def test_feeding_a_draft_is_weighed_at_the_batch_size_it_joins():
 def test_feeding_is_weighed_on_what_was_observed_since_the_last_weighing():
     """Off, the policy does not weigh k again until its probe, but whether feeding a draft pays is read off what was
     observed since: weighed on the rates of a weighing made after bench's warm-up, every second row of a wave of 2
-    stayed unfed (a predicted +1.4% where the costs measured since said +8.5%), and so did speculation."""
+    stayed unfed (a predicted +1.4% where the costs measured since said about +8%), and so did speculation."""
     policy = AdaptivePolicy(max_draft=8, probe_every=16)
     _drive_batch(policy, 1, 60)
     policy.observe_catch_up(32, 0.32)

@@ -394,7 +394,7 @@ class AdaptivePolicy(Policy):
         a lone row between two requests at two clients caught up 14-25 tokens for one or two speculative steps."""
         # weighed afresh: the rates of the last weighing go stale while speculation is off (it does not weigh again
         # until its probe), and the second row of each wave of 2 in `bench --batch` was judged by a weighing made
-        # after the warm-up, on unmeasured costs at B = 2 (+1.4% where the costs measured since said +8.5%)
+        # after the warm-up, on unmeasured costs at B = 2 (+1.4% where the costs measured since said about +8%)
         plain, best, tokens = self._row_rates(self.last_batch if batch is None else batch) or (None, None, None)
         steps = self.stretches.steps_left(self.last_batch if batch is None else batch)
         if steps is not None and tokens:

@@ -10,12 +10,11 @@ and the verdict; then each wave's wall time and its steps' k per row (c: a step 
 
 import argparse
 
-from specedge.bench.batch import last_events, run_together
+from wave_trace import REQUESTS, wave
+
+from specedge.bench.batch import run_together
 from specedge.prompts import BUILTIN_PROMPTS
 from specedge.runtime import load, policies
-from specedge.serve.steps import step_view
-
-REQUESTS = 8
 
 
 def logged(original):
@@ -41,16 +40,13 @@ def main() -> None:
     for p in ("target", "adaptive"):                           # bench's warm-up
         run_together(gen, list(BUILTIN_PROMPTS), REQUESTS, {"max_new_tokens": 8, "ignore_eos": True, "policy": p}, None)
     policies.AdaptivePolicy.catch_up_pays = logged(policies.AdaptivePolicy.catch_up_pays)
-    options = {"max_new_tokens": args.tokens, "temperature": 0.0, "ignore_eos": True, "policy": "adaptive"}
     for r in range(args.rounds):
         for first in range(0, REQUESTS, args.batch):
             print(f"round {r + 1}, wave from request {first + 1}:", flush=True)
-            before = gen.counters["steps"]
-            _, wall = run_together(gen, list(BUILTIN_PROMPTS), args.batch, options, None, first)
-            steps = [step_view(e) for e in last_events(gen, gen.counters["steps"] - before)]
+            sums, steps = wave(gen, "adaptive", args.batch, first, args.tokens)
             ks = " ".join("".join(str(min(k, 9)) for k in s["k"]) + ("c" if s["catch_up_tokens"] else "")
                           for s in steps)
-            print(f"  wall {wall:.2f} s, k per row step by step: {ks}", flush=True)
+            print(f"  wall {sums['wall_s']:.2f} s, k per row step by step: {ks}", flush=True)
 
 
 if __name__ == "__main__":

@@ -229,14 +229,15 @@ def test_adaptive_tells_whether_a_batch_size_would_speculate_without_changing_it
 
 
 def test_adaptive_catches_a_draft_up_only_when_the_tokens_left_repay_it():
-    """Catching up costs its measured seconds per token; speculating saves 1/plain_rate - 1/rate a token over the
+    """Catching up costs its measured seconds per token; speculating saves 1/plain - 1/best a token over the
     tokens left. Before a catch-up has been measured the rule is the plain one: no more behind than left."""
     policy = AdaptivePolicy(max_draft=8, probe_every=16)
     _drive_batch(policy, 1, 60)
     assert policy.catch_up_pays(100, 100) and not policy.catch_up_pays(100, 99)
     policy.observe_catch_up(32, 0.032)
     policy.observe_catch_up(64, 0.064)                                 # 1 ms a token, no fixed cost
-    saved = 1 / policy.plain_rate - 1 / policy.rate
+    plain, best, _ = policy._row_rates(1)
+    saved = 1 / plain - 1 / best
     assert saved > 0
     needed = 100 * 0.001 / saved                                       # tokens left that repay 100 behind
     assert policy.catch_up_pays(100, int(needed) + 1) and not policy.catch_up_pays(100, int(needed) - 1)
@@ -375,7 +376,7 @@ def test_feeding_is_weighed_on_what_was_observed_since_the_last_weighing():
     _drive_batch(policy, 1, 60)
     policy.observe_catch_up(32, 0.32)
     policy.observe_catch_up(64, 0.64)                                 # 10 ms a token
-    weighed = (policy.plain_rate, policy.rate)
+    weighed = policy._row_rates(1)[:2]                               # as weighed before the draft got worse
     for _ in range(20):
         policy.observe_acceptance(4, 0)                               # the draft got worse; nothing weighed since
     plain, best, _ = policy._row_rates(1)
@@ -398,7 +399,8 @@ def test_feeding_costs_a_call_plus_a_cost_a_token():
     assert policy.catch_up(40) == pytest.approx(0.13, rel=0.02)
     assert policy.catch_up(20) == pytest.approx(0.07, rel=0.02)      # read off the line between
     assert policy.catch_up(400) == pytest.approx(1.3, rel=0.02)      # past 40: 40 tokens a call, 10 calls
-    saved = 1 / policy.plain_rate - 1 / policy.rate
+    plain, best, _ = policy._row_rates(1)
+    saved = 1 / plain - 1 / best
     needed = 0.13 / saved                                             # tokens to go that repay a 40-token prompt
     assert policy.catch_up_pays(40, int(needed * 1.05) + 1) and not policy.catch_up_pays(40, int(needed * 0.95))
 

@@ -172,13 +172,11 @@ class AdaptivePolicy(Policy):
         self.max_probe_gap = max_probe_gap * probe_every
         self.off, self.probing = False, 0         # probing: rows the scheduler gives k = 1 this step (0: none)
         self.last_batch, self.last_drafting = 1, 1
-        self.plain_rate = None                    # tokens/s of one row at k = 0 and at the chosen k, last weighed
-        self.best_tokens = None                   # tokens a row commits a step at that best k
         self.stretches = LoadStretches()          # how long the load stays at a size it dropped to
         self.catch_up = FeedCost()                # what feeding a draft costs, measured call by call
         self.left_on: dict[int, bool] = {}        # batch size -> whether its last full step speculated
         self.observations = 0                     # acceptances observed (part of what _row_rates' memo is valid for)
-        self._row_rates_memo: dict = {}
+        self._row_rates_memo: tuple = (None, None)  # (what it was weighed on, _row_rates' answer)
 
     def acceptance(self) -> list[float]:
         rates, last = [], None
@@ -231,7 +229,7 @@ class AdaptivePolicy(Policy):
             # extrapolate it (a line through the verify sizes tried so far said it cost about what k = 4 cost)
             return 0
         every = self._rates(costs, batch)                          # as if every row drafted: what one row gains
-        self.plain_rate, self.rate, self.best_tokens = self._per_row(every, batch)
+        self.rate = self._per_row(every, batch)[1]                  # one row's tokens/s at the best k (early stop)
         if drafting < batch:
             # the rows that do not draft still pay for the longer verify call (right-padded) and gain nothing
             rate = self._rates([self.step_cost(k, batch, drafting) for k in range(max_k + 1)], batch, drafting=drafting)
@@ -341,11 +339,11 @@ class AdaptivePolicy(Policy):
         step at that best k; None: not measured there."""
         # asked for each row, each step: weighed once for what was observed (acceptances, the cost clock, draft costs)
         key = (batch, self.observations, self.costs.steps, tuple(self.costs.draft.seen.values()))
-        if key not in self._row_rates_memo:
+        if self._row_rates_memo[0] != key:
             costs = [self.step_cost(k, batch) for k in range(self.max_draft + 1)]
             known = not any(c is None for c in costs) and self.costs.measured(batch, 1)
-            self._row_rates_memo = {key: self._per_row(self._rates(costs, batch), batch) if known else None}
-        return self._row_rates_memo[key]
+            self._row_rates_memo = (key, self._per_row(self._rates(costs, batch), batch) if known else None)
+        return self._row_rates_memo[1]
 
     def _per_row(self, rate: list[float], batch: int) -> tuple[float, float, float]:
         """The batch's rates at each k -> (plain, best) tokens/s of one row, and the tokens it commits a step at that
